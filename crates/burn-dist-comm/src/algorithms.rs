@@ -1,0 +1,172 @@
+//! The collectives, built from pairwise exchanges.
+//!
+//! Reduce-scatter sends each chunk straight to the rank that owns it and the owner folds the
+//! contributions in rank order; all-gather sends each rank's chunk to every peer. Both move
+//! (world−1)/world of the buffer in and out of every rank, like a ring, but unlike a ring the
+//! summation order of an element never depends on which chunk it falls in.
+
+use std::ops::Range;
+
+use crate::reduce::{chunk_range, fold_in_rank_order};
+use crate::transport::{Transport, exchange, recv_order, send_order};
+use crate::{DType, HostBuffer, OpDesc, ReduceOp, Result};
+
+/// Reusable receive space, kept between collectives so that large ones do not fault in fresh
+/// pages every time. Backed by u64 so that every slot is aligned for any element type.
+#[derive(Default)]
+pub(crate) struct Scratch(Vec<u64>);
+
+impl Scratch {
+    fn bytes(&mut self, len: usize) -> &mut [u8] {
+        let words = len.div_ceil(8);
+        if self.0.len() < words {
+            self.0.resize(words, 0);
+        }
+        &mut bytemuck::cast_slice_mut(&mut self.0)[..len]
+    }
+}
+
+/// Byte range of rank `index`'s chunk in a buffer of `len` elements of `elem` bytes.
+fn chunk_bytes(len: usize, world: usize, index: usize, elem: usize) -> Range<usize> {
+    let r = chunk_range(len, world, index);
+    r.start * elem..r.end * elem
+}
+
+/// Splits `bytes` into consecutive disjoint pieces of the given sizes.
+fn split_by_sizes(mut bytes: &mut [u8], sizes: impl Iterator<Item = usize>) -> Vec<&mut [u8]> {
+    sizes
+        .map(|size| {
+            let (piece, rest) = std::mem::take(&mut bytes).split_at_mut(size);
+            bytes = rest;
+            piece
+        })
+        .collect()
+}
+
+/// Splits `bytes` into the disjoint chunks of every rank.
+fn split_chunks(bytes: &mut [u8], world: usize, elem: usize) -> Vec<&mut [u8]> {
+    let len = bytes.len() / elem;
+    split_by_sizes(
+        bytes,
+        (0..world).map(|q| chunk_range(len, world, q).len() * elem),
+    )
+}
+
+/// Leaves this rank's chunk of `data` reduced over all ranks; the other chunks are unchanged.
+pub(crate) fn reduce_scatter_in_place(
+    t: &mut dyn Transport,
+    op: &OpDesc,
+    data: &mut [u8],
+    dtype: DType,
+    reduce: ReduceOp,
+    scratch: &mut Scratch,
+) -> Result<()> {
+    let (rank, world, elem) = (t.rank(), t.world(), dtype.size());
+    let len = data.len() / elem;
+    let own = chunk_bytes(len, world, rank, elem);
+    let staging = scratch.bytes(own.len() * world);
+    // One receive slot per rank, each the size of this rank's chunk.
+    let mut slots = split_by_sizes(staging, std::iter::repeat_n(own.len(), world));
+    let sends: Vec<(usize, &[u8])> = send_order(rank, world)
+        .map(|q| (q, &data[chunk_bytes(len, world, q, elem)]))
+        .collect();
+    let mut recvs: Vec<(usize, &mut [u8])> = recv_order(rank, world)
+        .map(|q| (q, std::mem::take(&mut slots[q])))
+        .collect();
+    exchange(t, op, &sends, &mut recvs)?;
+    let mut others: Vec<&[u8]> = vec![&[]; world];
+    for (q, slot) in recvs {
+        others[q] = slot;
+    }
+    fold_in_rank_order(dtype, reduce, rank, &mut data[own], &others);
+    Ok(())
+}
+
+/// Fills every chunk of `data` with its owner's chunk; this rank's chunk is sent as it is.
+pub(crate) fn all_gather_in_place(
+    t: &mut dyn Transport,
+    op: &OpDesc,
+    data: &mut [u8],
+    elem: usize,
+) -> Result<()> {
+    let (rank, world) = (t.rank(), t.world());
+    let mut chunks = split_chunks(data, world, elem);
+    let own: &[u8] = &*std::mem::take(&mut chunks[rank]);
+    let sends: Vec<(usize, &[u8])> = send_order(rank, world).map(|q| (q, own)).collect();
+    let mut recvs: Vec<(usize, &mut [u8])> = recv_order(rank, world)
+        .map(|q| (q, std::mem::take(&mut chunks[q])))
+        .collect();
+    exchange(t, op, &sends, &mut recvs)
+}
+
+pub(crate) fn all_reduce(
+    t: &mut dyn Transport,
+    op: &OpDesc,
+    buf: &mut HostBuffer,
+    reduce: ReduceOp,
+    scratch: &mut Scratch,
+) -> Result<()> {
+    let dtype = buf.dtype();
+    reduce_scatter_in_place(t, op, buf.as_bytes_mut(), dtype, reduce, scratch)?;
+    all_gather_in_place(t, op, buf.as_bytes_mut(), dtype.size())
+}
+
+/// Returns this rank's chunk ([`chunk_range`]) of the reduction of `buf` over all ranks.
+pub(crate) fn reduce_scatter(
+    t: &mut dyn Transport,
+    op: &OpDesc,
+    mut buf: HostBuffer,
+    reduce: ReduceOp,
+    scratch: &mut Scratch,
+) -> Result<HostBuffer> {
+    let dtype = buf.dtype();
+    reduce_scatter_in_place(t, op, buf.as_bytes_mut(), dtype, reduce, scratch)?;
+    Ok(buf.slice(chunk_range(buf.len(), t.world(), t.rank())))
+}
+
+/// Concatenates every rank's chunk, in rank order, into a buffer of `total_len` elements.
+pub(crate) fn all_gather(
+    t: &mut dyn Transport,
+    op: &OpDesc,
+    shard: &HostBuffer,
+    total_len: usize,
+) -> Result<HostBuffer> {
+    let dtype = shard.dtype();
+    let mut full = HostBuffer::zeros(dtype, total_len);
+    let own = chunk_bytes(total_len, t.world(), t.rank(), dtype.size());
+    full.as_bytes_mut()[own].copy_from_slice(shard.as_bytes());
+    all_gather_in_place(t, op, full.as_bytes_mut(), dtype.size())?;
+    Ok(full)
+}
+
+/// Root scatters the chunks, then everyone all-gathers: the root sends the buffer once instead
+/// of once per peer.
+pub(crate) fn broadcast(
+    t: &mut dyn Transport,
+    op: &OpDesc,
+    buf: &mut HostBuffer,
+    root: usize,
+) -> Result<()> {
+    let (rank, world, elem) = (t.rank(), t.world(), buf.dtype().size());
+    let data = buf.as_bytes_mut();
+    let len = data.len() / elem;
+    if rank == root {
+        let sends: Vec<(usize, &[u8])> = send_order(root, world)
+            .map(|q| (q, &data[chunk_bytes(len, world, q, elem)]))
+            .collect();
+        exchange(t, op, &sends, &mut [])?;
+    } else {
+        let own = &mut data[chunk_bytes(len, world, rank, elem)];
+        exchange(t, op, &[], &mut [(root, own)])?;
+    }
+    all_gather_in_place(t, op, data, elem)
+}
+
+/// Every rank sends an empty message to every other rank and waits for theirs.
+pub(crate) fn barrier(t: &mut dyn Transport, op: &OpDesc) -> Result<()> {
+    let (rank, world) = (t.rank(), t.world());
+    let sends: Vec<(usize, &[u8])> = send_order(rank, world).map(|q| (q, &[][..])).collect();
+    let mut recvs: Vec<(usize, &mut [u8])> =
+        recv_order(rank, world).map(|q| (q, &mut [][..])).collect();
+    exchange(t, op, &sends, &mut recvs)
+}

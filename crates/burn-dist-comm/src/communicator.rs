@@ -1,0 +1,313 @@
+//! The communicator: collectives issued from any thread, executed in issue order on a worker
+//! thread (the host analogue of a CUDA comm stream), completed through [`Pending`] handles.
+
+use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
+use std::thread::JoinHandle;
+
+use crate::algorithms::{self, Scratch};
+use crate::reduce::chunk_range;
+use crate::transport::Transport;
+use crate::transport::local::local_group;
+use crate::{CommConfig, CommError, DType, HostBuffer, OpDesc, OpKind, ReduceOp, Result};
+
+/// Collectives over flat buffers with asynchronous completion.
+///
+/// Every rank of a group must issue the same collectives in the same order, with buffers of
+/// the same dtype and length. Results are bit-identical on every rank.
+pub trait Communicator: Send + Sync {
+    /// The buffer type the collectives run on (host vectors here; device buffers for NCCL).
+    type Buffer;
+
+    fn rank(&self) -> usize;
+    fn world_size(&self) -> usize;
+
+    /// Reduces `buf` over all ranks; every rank gets the whole result.
+    fn all_reduce(&self, buf: Self::Buffer, op: ReduceOp) -> Pending<Self::Buffer>;
+
+    /// Reduces `buf` over all ranks; this rank gets its chunk, elements
+    /// [`chunk_range`]`(buf.len(), world_size, rank)`.
+    fn reduce_scatter(&self, buf: Self::Buffer, op: ReduceOp) -> Pending<Self::Buffer>;
+
+    /// Concatenates every rank's chunk into `total_len` elements; `shard` must hold exactly
+    /// this rank's [`chunk_range`] of `total_len`.
+    fn all_gather(&self, shard: Self::Buffer, total_len: usize) -> Pending<Self::Buffer>;
+
+    /// Every rank gets `root`'s buffer.
+    fn broadcast(&self, buf: Self::Buffer, root: usize) -> Pending<Self::Buffer>;
+
+    /// Returns once every rank has reached it.
+    fn barrier(&self) -> Pending<()>;
+}
+
+/// The result of a collective that may still be running.
+#[must_use = "a collective's result must be waited for"]
+pub struct Pending<T> {
+    rank: usize,
+    rx: Receiver<Result<T>>,
+    ready: Option<Result<T>>,
+}
+
+impl<T> Pending<T> {
+    fn new(rank: usize) -> (Sender<Result<T>>, Self) {
+        let (tx, rx) = mpsc::channel();
+        (
+            tx,
+            Pending {
+                rank,
+                rx,
+                ready: None,
+            },
+        )
+    }
+
+    /// A handle that has already failed.
+    fn failed(rank: usize, error: CommError) -> Self {
+        let (_, rx) = mpsc::channel();
+        Pending {
+            rank,
+            rx,
+            ready: Some(Err(error)),
+        }
+    }
+
+    /// Blocks until the collective is done. It always returns: every wait inside is bounded
+    /// by the communicator's timeout.
+    pub fn wait(mut self) -> Result<T> {
+        match self.ready.take() {
+            Some(result) => result,
+            None => self
+                .rx
+                .recv()
+                .unwrap_or(Err(CommError::ShutDown { rank: self.rank })),
+        }
+    }
+
+    /// Whether [`wait`](Self::wait) would return at once.
+    pub fn is_done(&mut self) -> bool {
+        if self.ready.is_none() {
+            self.ready = match self.rx.try_recv() {
+                Ok(result) => Some(result),
+                Err(TryRecvError::Empty) => return false,
+                Err(TryRecvError::Disconnected) => {
+                    Some(Err(CommError::ShutDown { rank: self.rank }))
+                }
+            };
+        }
+        true
+    }
+}
+
+type Done<T> = Sender<Result<T>>;
+
+enum Job {
+    AllReduce(HostBuffer, ReduceOp, Done<HostBuffer>),
+    ReduceScatter(HostBuffer, ReduceOp, Done<HostBuffer>),
+    AllGather(HostBuffer, usize, Done<HostBuffer>),
+    Broadcast(HostBuffer, usize, Done<HostBuffer>),
+    Barrier(Done<()>),
+}
+
+/// The host (CPU) communicator, over in-process channels or TCP.
+pub struct HostCommunicator {
+    rank: usize,
+    world: usize,
+    jobs: Option<Sender<Job>>,
+    worker: Option<JoinHandle<()>>,
+}
+
+impl HostCommunicator {
+    pub(crate) fn new(transport: Box<dyn Transport>) -> Result<Self> {
+        let (rank, world) = (transport.rank(), transport.world());
+        let (jobs, queue) = mpsc::channel();
+        let worker = std::thread::Builder::new()
+            .name(format!("burn-dist-comm-{rank}"))
+            .spawn(move || {
+                Worker {
+                    transport,
+                    seq: 0,
+                    scratch: Scratch::default(),
+                }
+                .run(queue)
+            })
+            .map_err(|e| CommError::io("spawning the communicator thread", e))?;
+        Ok(HostCommunicator {
+            rank,
+            world,
+            jobs: Some(jobs),
+            worker: Some(worker),
+        })
+    }
+
+    /// A group of `world` ranks in this process, linked by channels: one communicator per
+    /// rank, to be moved to one thread each. For tests and single-process use.
+    pub fn local_group(world: usize, config: &CommConfig) -> Vec<HostCommunicator> {
+        local_group(world, config.timeout)
+            .into_iter()
+            .map(|t| HostCommunicator::new(Box::new(t)).expect("spawning a communicator thread"))
+            .collect()
+    }
+
+    fn submit<T>(&self, make: impl FnOnce(Done<T>) -> Job) -> Pending<T> {
+        let (done, pending) = Pending::new(self.rank);
+        let sent = self
+            .jobs
+            .as_ref()
+            .is_some_and(|jobs| jobs.send(make(done)).is_ok());
+        if sent {
+            pending
+        } else {
+            Pending::failed(self.rank, CommError::ShutDown { rank: self.rank })
+        }
+    }
+}
+
+impl Communicator for HostCommunicator {
+    type Buffer = HostBuffer;
+
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn world_size(&self) -> usize {
+        self.world
+    }
+
+    fn all_reduce(&self, buf: HostBuffer, op: ReduceOp) -> Pending<HostBuffer> {
+        self.submit(|done| Job::AllReduce(buf, op, done))
+    }
+
+    fn reduce_scatter(&self, buf: HostBuffer, op: ReduceOp) -> Pending<HostBuffer> {
+        self.submit(|done| Job::ReduceScatter(buf, op, done))
+    }
+
+    fn all_gather(&self, shard: HostBuffer, total_len: usize) -> Pending<HostBuffer> {
+        self.submit(|done| Job::AllGather(shard, total_len, done))
+    }
+
+    fn broadcast(&self, buf: HostBuffer, root: usize) -> Pending<HostBuffer> {
+        self.submit(|done| Job::Broadcast(buf, root, done))
+    }
+
+    fn barrier(&self) -> Pending<()> {
+        self.submit(Job::Barrier)
+    }
+}
+
+impl Drop for HostCommunicator {
+    fn drop(&mut self) {
+        // Closing the queue lets the worker finish what was issued, say goodbye and exit.
+        self.jobs.take();
+        if let Some(worker) = self.worker.take() {
+            _ = worker.join();
+        }
+    }
+}
+
+struct Worker {
+    transport: Box<dyn Transport>,
+    seq: u64,
+    scratch: Scratch,
+}
+
+impl Worker {
+    fn run(mut self, queue: Receiver<Job>) {
+        let span = tracing::info_span!("comm", rank = self.transport.rank());
+        let _entered = span.enter();
+        while let Ok(job) = queue.recv() {
+            self.execute(job);
+            self.seq += 1;
+        }
+        self.transport.close();
+    }
+
+    fn desc(&self, kind: OpKind, buf: Option<&HostBuffer>, reduce: Option<ReduceOp>) -> OpDesc {
+        OpDesc {
+            kind,
+            seq: self.seq,
+            dtype: buf.map(HostBuffer::dtype),
+            reduce,
+            bytes: buf.map_or(0, |b| b.as_bytes().len()),
+        }
+    }
+
+    fn execute(&mut self, job: Job) {
+        let (rank, world) = (self.transport.rank(), self.transport.world());
+        match job {
+            Job::AllReduce(mut buf, reduce, done) => {
+                let op = self.desc(OpKind::AllReduce, Some(&buf), Some(reduce));
+                let result = check_reduce(&op, reduce).and_then(|()| {
+                    algorithms::all_reduce(
+                        &mut *self.transport,
+                        &op,
+                        &mut buf,
+                        reduce,
+                        &mut self.scratch,
+                    )
+                });
+                self.finish(done, result.map(|()| buf));
+            }
+            Job::ReduceScatter(buf, reduce, done) => {
+                let op = self.desc(OpKind::ReduceScatter, Some(&buf), Some(reduce));
+                let result = check_reduce(&op, reduce).and_then(|()| {
+                    algorithms::reduce_scatter(
+                        &mut *self.transport,
+                        &op,
+                        buf,
+                        reduce,
+                        &mut self.scratch,
+                    )
+                });
+                self.finish(done, result);
+            }
+            Job::AllGather(shard, total_len, done) => {
+                let op = self.desc(OpKind::AllGather, Some(&shard), None);
+                let expected = chunk_range(total_len, world, rank).len();
+                let result = if shard.len() != expected {
+                    Err(CommError::invalid(
+                        op.to_string(),
+                        format!(
+                            "rank {rank} passed {} elements; its chunk of {total_len} over \
+                             {world} ranks has {expected}",
+                            shard.len()
+                        ),
+                    ))
+                } else {
+                    algorithms::all_gather(&mut *self.transport, &op, &shard, total_len)
+                };
+                self.finish(done, result);
+            }
+            Job::Broadcast(mut buf, root, done) => {
+                let op = self.desc(OpKind::Broadcast, Some(&buf), None);
+                let result = if root >= world {
+                    Err(CommError::invalid(
+                        op.to_string(),
+                        format!("root {root} is not a rank of {world}"),
+                    ))
+                } else {
+                    algorithms::broadcast(&mut *self.transport, &op, &mut buf, root)
+                };
+                self.finish(done, result.map(|()| buf));
+            }
+            Job::Barrier(done) => {
+                let op = self.desc(OpKind::Barrier, None, None);
+                let result = algorithms::barrier(&mut *self.transport, &op);
+                self.finish(done, result);
+            }
+        }
+    }
+
+    /// Hands the result back. A failure aborts the group, so that every peer stops at once
+    /// with the root cause instead of waiting for this rank until its timeout.
+    fn finish<T>(&mut self, done: Done<T>, result: Result<T>) {
+        let result = result.map_err(|e| self.transport.abort(e));
+        _ = done.send(result);
+    }
+}
+
+fn check_reduce(op: &OpDesc, reduce: ReduceOp) -> Result<()> {
+    if op.dtype == Some(DType::U8) && reduce != ReduceOp::Max {
+        let reason = format!("{reduce} is not defined on raw bytes (u8); use max, or a float type");
+        return Err(CommError::invalid(op.to_string(), reason));
+    }
+    Ok(())
+}

@@ -1,0 +1,32 @@
+//! Settings shared by the store, the rendezvous and the collectives.
+
+use std::time::Duration;
+
+/// How long any blocking wait may last before it fails with an error naming the peer.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10 * 60);
+
+/// Settings of a communicator and its rendezvous.
+#[derive(Debug, Clone)]
+pub struct CommConfig {
+    /// Bound on every blocking wait: a store get, a message from a peer, a barrier.
+    pub timeout: Duration,
+    /// Largest frame the TCP store accepts; larger ones are refused before any allocation.
+    pub max_store_frame: usize,
+}
+
+impl Default for CommConfig {
+    fn default() -> Self {
+        Self {
+            timeout: DEFAULT_TIMEOUT,
+            max_store_frame: 16 << 20,
+        }
+    }
+}
+
+impl CommConfig {
+    /// The same settings with another timeout.
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+}

@@ -1,0 +1,315 @@
+//! Where this process sits in the job: read from torchrun-style variables (what `burn-dist-run`
+//! sets) or, failing that, from Slurm's.
+
+use std::time::Duration;
+
+use crate::{CommError, Result};
+
+/// Variable holding the job token that every peer must present.
+pub const TOKEN_VAR: &str = "BURN_DIST_TOKEN";
+/// Optional variable overriding the timeout of every blocking wait, in seconds.
+pub const TIMEOUT_VAR: &str = "BURN_DIST_TIMEOUT_SECS";
+/// Port used under Slurm when MASTER_PORT is not set: this base plus the job id modulo 10000,
+/// so that two jobs sharing a node do not collide.
+pub const SLURM_PORT_BASE: u16 = 20000;
+
+/// This process's place in the job.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RankInfo {
+    pub rank: usize,
+    pub world_size: usize,
+    pub local_rank: usize,
+    pub local_world_size: usize,
+    /// Host name or address of rank 0, which hosts the store.
+    pub master_addr: String,
+    pub master_port: u16,
+    /// Shared secret of the job; empty when none was set.
+    pub token: String,
+    /// Timeout override from the environment, if any.
+    pub timeout: Option<Duration>,
+}
+
+impl RankInfo {
+    /// Reads the process environment.
+    pub fn from_env() -> Result<Self> {
+        Self::from_vars(|name| std::env::var(name).ok())
+    }
+
+    /// Reads variables through `get`, so that tests need not touch the process environment.
+    pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> Result<Self> {
+        let info = if get("RANK").is_some() {
+            RankInfo {
+                rank: number(&get, "RANK")?,
+                world_size: number(&get, "WORLD_SIZE")?,
+                local_rank: optional_number(&get, "LOCAL_RANK")?.unwrap_or(0),
+                local_world_size: optional_number(&get, "LOCAL_WORLD_SIZE")?.unwrap_or(1),
+                master_addr: required(&get, "MASTER_ADDR")?,
+                master_port: port(&get)?.ok_or_else(|| missing("MASTER_PORT"))?,
+                token: String::new(),
+                timeout: None,
+            }
+        } else if get("SLURM_PROCID").is_some() {
+            from_slurm(&get)?
+        } else {
+            return Err(CommError::Env {
+                var: "RANK".into(),
+                problem: "not set, and this is not a Slurm job (no SLURM_PROCID): launch with \
+                          `burn-dist-run`, or set RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT"
+                    .into(),
+            });
+        };
+        let token = get(TOKEN_VAR).unwrap_or_default();
+        let timeout = optional_number(&get, TIMEOUT_VAR)?.map(|s| Duration::from_secs(s as u64));
+        RankInfo {
+            token,
+            timeout,
+            ..info
+        }
+        .validated()
+    }
+
+    fn validated(self) -> Result<Self> {
+        let bad = |var: &str, problem: String| {
+            Err(CommError::Env {
+                var: var.into(),
+                problem,
+            })
+        };
+        if self.world_size == 0 {
+            return bad("WORLD_SIZE", "must be at least 1".into());
+        }
+        if self.rank >= self.world_size {
+            return bad(
+                "RANK",
+                format!("{} is not below WORLD_SIZE={}", self.rank, self.world_size),
+            );
+        }
+        if self.local_world_size == 0 || self.local_world_size > self.world_size {
+            let problem = format!(
+                "{} must be in 1..=WORLD_SIZE={}",
+                self.local_world_size, self.world_size
+            );
+            return bad("LOCAL_WORLD_SIZE", problem);
+        }
+        if self.local_rank >= self.local_world_size {
+            let problem = format!(
+                "{} is not below LOCAL_WORLD_SIZE={}",
+                self.local_rank, self.local_world_size
+            );
+            return bad("LOCAL_RANK", problem);
+        }
+        if self.master_addr.is_empty() {
+            return bad("MASTER_ADDR", "is empty".into());
+        }
+        Ok(self)
+    }
+}
+
+fn from_slurm(get: &impl Fn(&str) -> Option<String>) -> Result<RankInfo> {
+    let world_size = number(get, "SLURM_NTASKS")?;
+    let local_world_size = match get("SLURM_NTASKS_PER_NODE") {
+        Some(_) => number(get, "SLURM_NTASKS_PER_NODE")?,
+        None => first_count(&get("SLURM_TASKS_PER_NODE").unwrap_or_else(|| "1".into())),
+    };
+    let master_addr = match get("MASTER_ADDR") {
+        Some(addr) => addr,
+        None => {
+            let list = required(get, "SLURM_JOB_NODELIST")?;
+            first_host(&list).ok_or_else(|| CommError::Env {
+                var: "SLURM_JOB_NODELIST".into(),
+                problem: format!("cannot read a host name from {list:?}"),
+            })?
+        }
+    };
+    let master_port = match port(get)? {
+        Some(port) => port,
+        None => {
+            SLURM_PORT_BASE + (optional_number(get, "SLURM_JOB_ID")?.unwrap_or(0) % 10000) as u16
+        }
+    };
+    Ok(RankInfo {
+        rank: number(get, "SLURM_PROCID")?,
+        world_size,
+        local_rank: optional_number(get, "SLURM_LOCALID")?.unwrap_or(0),
+        local_world_size,
+        master_addr,
+        master_port,
+        token: String::new(),
+        timeout: None,
+    })
+}
+
+/// The first host of a Slurm node list such as `gpu[07-09,12],login1` (here `gpu07`).
+pub fn first_host(nodelist: &str) -> Option<String> {
+    let nodelist = nodelist.trim();
+    let bracket = nodelist.find('[');
+    let comma = nodelist.find(',');
+    match (bracket, comma) {
+        (Some(b), c) if c.is_none_or(|c| b < c) => {
+            let prefix = &nodelist[..b];
+            let inside = &nodelist[b + 1..nodelist[b..].find(']')? + b];
+            let first = inside.split(',').next()?.split('-').next()?;
+            (!first.is_empty()).then(|| format!("{prefix}{first}"))
+        }
+        (_, Some(c)) => Some(nodelist[..c].to_string()).filter(|h| !h.is_empty()),
+        (_, None) => Some(nodelist.to_string()).filter(|h| !h.is_empty()),
+    }
+}
+
+/// The first count of a Slurm task list such as `2(x3),1` (here 2).
+fn first_count(tasks_per_node: &str) -> usize {
+    tasks_per_node
+        .split(|c: char| !c.is_ascii_digit())
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(1)
+}
+
+fn missing(var: &str) -> CommError {
+    CommError::Env {
+        var: var.into(),
+        problem: "is not set".into(),
+    }
+}
+
+fn required(get: &impl Fn(&str) -> Option<String>, var: &str) -> Result<String> {
+    get(var).ok_or_else(|| missing(var))
+}
+
+fn optional_number(get: &impl Fn(&str) -> Option<String>, var: &str) -> Result<Option<usize>> {
+    get(var)
+        .map(|value| {
+            value.trim().parse().map_err(|_| CommError::Env {
+                var: var.into(),
+                problem: format!("{value:?} is not a non-negative integer"),
+            })
+        })
+        .transpose()
+}
+
+fn number(get: &impl Fn(&str) -> Option<String>, var: &str) -> Result<usize> {
+    optional_number(get, var)?.ok_or_else(|| missing(var))
+}
+
+fn port(get: &impl Fn(&str) -> Option<String>) -> Result<Option<u16>> {
+    match optional_number(get, "MASTER_PORT")? {
+        None => Ok(None),
+        Some(p) if (1..=65535).contains(&p) => Ok(Some(p as u16)),
+        Some(p) => Err(CommError::Env {
+            var: "MASTER_PORT".into(),
+            problem: format!("{p} is not a port in 1..=65535"),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+
+    fn read(vars: &[(&str, &str)]) -> Result<RankInfo> {
+        let map: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        RankInfo::from_vars(|name| map.get(name).cloned())
+    }
+
+    const TORCHRUN: [(&str, &str); 6] = [
+        ("RANK", "3"),
+        ("WORLD_SIZE", "4"),
+        ("LOCAL_RANK", "1"),
+        ("LOCAL_WORLD_SIZE", "2"),
+        ("MASTER_ADDR", "10.1.2.3"),
+        ("MASTER_PORT", "29500"),
+    ];
+
+    #[test]
+    fn torchrun_variables_are_read() {
+        let info = read(&TORCHRUN).unwrap();
+        assert_eq!(
+            (
+                info.rank,
+                info.world_size,
+                info.local_rank,
+                info.local_world_size
+            ),
+            (3, 4, 1, 2)
+        );
+        assert_eq!(
+            (info.master_addr.as_str(), info.master_port),
+            ("10.1.2.3", 29500)
+        );
+    }
+
+    #[test]
+    fn rank_not_below_world_size_is_named() {
+        let mut vars = TORCHRUN.to_vec();
+        vars[0] = ("RANK", "4");
+        let err = read(&vars).unwrap_err().to_string();
+        assert_eq!(err, "RANK: 4 is not below WORLD_SIZE=4");
+    }
+
+    #[test]
+    fn missing_master_addr_is_named() {
+        let vars: Vec<_> = TORCHRUN
+            .iter()
+            .copied()
+            .filter(|(k, _)| *k != "MASTER_ADDR")
+            .collect();
+        assert_eq!(
+            read(&vars).unwrap_err().to_string(),
+            "MASTER_ADDR: is not set"
+        );
+    }
+
+    #[test]
+    fn malformed_number_is_named() {
+        let mut vars = TORCHRUN.to_vec();
+        vars[1] = ("WORLD_SIZE", "four");
+        let err = read(&vars).unwrap_err().to_string();
+        assert_eq!(err, "WORLD_SIZE: \"four\" is not a non-negative integer");
+    }
+
+    #[test]
+    fn nothing_set_explains_how_to_launch() {
+        let err = read(&[]).unwrap_err().to_string();
+        assert!(err.contains("burn-dist-run"), "{err}");
+    }
+
+    #[test]
+    fn slurm_variables_are_the_fallback() {
+        let info = read(&[
+            ("SLURM_PROCID", "5"),
+            ("SLURM_NTASKS", "8"),
+            ("SLURM_LOCALID", "1"),
+            ("SLURM_TASKS_PER_NODE", "4(x2)"),
+            ("SLURM_JOB_NODELIST", "gpu[07-08]"),
+            ("SLURM_JOB_ID", "123456"),
+        ])
+        .unwrap();
+        assert_eq!(
+            (
+                info.rank,
+                info.world_size,
+                info.local_rank,
+                info.local_world_size
+            ),
+            (5, 8, 1, 4)
+        );
+        assert_eq!(info.master_addr, "gpu07");
+        assert_eq!(info.master_port, SLURM_PORT_BASE + 3456);
+    }
+
+    #[test]
+    fn first_host_of_slurm_node_lists() {
+        assert_eq!(first_host("node01").as_deref(), Some("node01"));
+        assert_eq!(first_host("a,b").as_deref(), Some("a"));
+        assert_eq!(first_host("gpu[07-09,12],login1").as_deref(), Some("gpu07"));
+        assert_eq!(first_host("login1,gpu[07-09]").as_deref(), Some("login1"));
+        assert_eq!(first_host("n[3]").as_deref(), Some("n3"));
+        assert_eq!(first_host(""), None);
+        assert_eq!(first_host("n[").as_deref(), None);
+    }
+}

@@ -1,0 +1,86 @@
+//! The one error type of the communication layer. Every message names what is wrong: which rank,
+//! which collective, which variable or address.
+
+use std::time::Duration;
+
+use crate::OpDesc;
+
+/// Everything that can go wrong in a collective, the store or the rendezvous.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum CommError {
+    /// A peer's connection closed while this rank still needed it: the process died or dropped
+    /// its communicator.
+    #[error("rank {peer} closed its connection during {op} (did the process die?)")]
+    PeerClosed { peer: usize, op: OpDesc },
+
+    /// A peer's connection closed while this rank was idle between collectives.
+    #[error("rank {peer} closed its connection (did the process die?)")]
+    PeerLost { peer: usize },
+
+    /// A peer sent nothing for the whole timeout.
+    #[error("rank {peer} did not answer within {} s during {op}", timeout.as_secs_f32())]
+    Timeout {
+        peer: usize,
+        op: OpDesc,
+        timeout: Duration,
+    },
+
+    /// Another rank failed and told the group why.
+    #[error("rank {by} aborted the group: {reason}")]
+    Aborted { by: usize, reason: String },
+
+    /// The ranks issued different collectives (order, kind, dtype or size differ).
+    #[error(
+        "rank {peer} sent {got} while this rank expected {expected} in {op}: \
+         every rank must issue the same collectives in the same order with the same sizes"
+    )]
+    Mismatch {
+        peer: usize,
+        op: OpDesc,
+        expected: String,
+        got: String,
+    },
+
+    /// The caller passed arguments that cannot work.
+    #[error("invalid {op}: {reason}")]
+    InvalidArgument { op: String, reason: String },
+
+    /// A rendezvous variable is missing or malformed.
+    #[error("{var}: {problem}")]
+    Env { var: String, problem: String },
+
+    /// The TCP store refused a request or could not be reached.
+    #[error("store at {addr}: {reason}")]
+    Store { addr: String, reason: String },
+
+    /// A peer presented the wrong job token or an impossible rank.
+    #[error("rejected connection from {from}: {reason}")]
+    Handshake { from: String, reason: String },
+
+    /// An operating-system error with what we were doing at the time.
+    #[error("{context}: {message}")]
+    Io { context: String, message: String },
+
+    /// The communicator has been shut down and takes no more work.
+    #[error("the communicator of rank {rank} is shut down")]
+    ShutDown { rank: usize },
+}
+
+impl CommError {
+    pub(crate) fn io(context: impl Into<String>, err: std::io::Error) -> Self {
+        CommError::Io {
+            context: context.into(),
+            message: err.to_string(),
+        }
+    }
+
+    pub(crate) fn invalid(op: impl Into<String>, reason: impl Into<String>) -> Self {
+        CommError::InvalidArgument {
+            op: op.into(),
+            reason: reason.into(),
+        }
+    }
+}
+
+/// The result type of this crate.
+pub type Result<T, E = CommError> = std::result::Result<T, E>;

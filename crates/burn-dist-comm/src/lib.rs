@@ -1,0 +1,36 @@
+//! Communication layer of burn-dist: collectives over flat buffers.
+//!
+//! - [`Communicator`]: all-reduce (sum, avg, max), reduce-scatter, all-gather, broadcast and
+//!   barrier, issued asynchronously and completed through [`Pending`] handles.
+//! - [`HostCommunicator`]: the CPU implementation, over in-process channels
+//!   ([`HostCommunicator::local_group`]) or TCP between processes ([`init`]). Every element is
+//!   reduced in rank order, so results are bit-identical on every rank and do not depend on
+//!   how buffers are split into messages.
+//! - [`init`] and [`Group`]: rendezvous from `RANK`/`WORLD_SIZE`/`MASTER_ADDR`/`MASTER_PORT`
+//!   (or Slurm's variables) through a TCP store hosted by rank 0.
+//!
+//! Every blocking wait is bounded by [`CommConfig::timeout`]; when a peer dies, every rank's
+//! error names it.
+
+mod algorithms;
+mod buffer;
+mod communicator;
+mod config;
+pub mod env;
+mod error;
+mod init;
+mod op;
+mod reduce;
+pub mod store;
+pub mod testing;
+mod transport;
+mod wire;
+
+pub use buffer::{DType, HostBuffer, ReduceOp};
+pub use communicator::{Communicator, HostCommunicator, Pending};
+pub use config::{CommConfig, DEFAULT_TIMEOUT};
+pub use env::RankInfo;
+pub use error::{CommError, Result};
+pub use init::{Group, connect, init};
+pub use op::{OpDesc, OpKind, human_bytes};
+pub use reduce::chunk_range;

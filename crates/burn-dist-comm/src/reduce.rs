@@ -1,0 +1,155 @@
+//! Element-wise reduction in rank order, and the split of a buffer into per-rank chunks.
+//!
+//! Every element is folded as `((x₀ ∘ x₁) ∘ x₂) ∘ …` over ranks 0, 1, 2, …, whatever chunk it
+//! falls in. That is what makes results independent of message size and bucket layout (a ring
+//! would start each chunk's fold at a different rank).
+
+use std::ops::Range;
+
+use half::{bf16, f16};
+
+use crate::{DType, ReduceOp};
+
+/// Elements `[start, end)` of `len` that rank `index` of `world` owns in a reduce-scatter or
+/// contributes to an all-gather. The first `len % world` ranks own one element more.
+pub fn chunk_range(len: usize, world: usize, index: usize) -> Range<usize> {
+    let base = len / world;
+    let extra = len % world;
+    let start = index * base + index.min(extra);
+    let size = base + usize::from(index < extra);
+    start..start + size
+}
+
+/// A value type that can be reduced: converted to f32, combined, rounded back once.
+trait Element: bytemuck::Pod {
+    fn to_f32(self) -> f32;
+    fn from_f32(value: f32) -> Self;
+}
+
+impl Element for f32 {
+    fn to_f32(self) -> f32 {
+        self
+    }
+    fn from_f32(value: f32) -> Self {
+        value
+    }
+}
+impl Element for f16 {
+    fn to_f32(self) -> f32 {
+        f16::to_f32(self)
+    }
+    fn from_f32(value: f32) -> Self {
+        f16::from_f32(value)
+    }
+}
+impl Element for bf16 {
+    fn to_f32(self) -> f32 {
+        bf16::to_f32(self)
+    }
+    fn from_f32(value: f32) -> Self {
+        bf16::from_f32(value)
+    }
+}
+impl Element for u8 {
+    fn to_f32(self) -> f32 {
+        f32::from(self)
+    }
+    fn from_f32(value: f32) -> Self {
+        value as u8
+    }
+}
+
+/// `a ∘ b` in f32.
+#[inline(always)]
+pub(crate) fn combine(op: ReduceOp, a: f32, b: f32) -> f32 {
+    match op {
+        ReduceOp::Sum | ReduceOp::Avg => a + b,
+        ReduceOp::Max if a.is_nan() || b.is_nan() => f32::NAN,
+        ReduceOp::Max => a.max(b),
+    }
+}
+
+/// Folds the contributions of all ranks into `own` (this rank's contribution, overwritten with
+/// the result). `others[q]` is rank `q`'s contribution; `others[own_rank]` is ignored.
+pub(crate) fn fold_in_rank_order(
+    dtype: DType,
+    op: ReduceOp,
+    own_rank: usize,
+    own: &mut [u8],
+    others: &[&[u8]],
+) {
+    match dtype {
+        DType::F32 => fold::<f32>(op, own_rank, own, others),
+        DType::F16 => fold::<f16>(op, own_rank, own, others),
+        DType::BF16 => fold::<bf16>(op, own_rank, own, others),
+        DType::U8 => fold::<u8>(op, own_rank, own, others),
+    }
+}
+
+fn fold<E: Element>(op: ReduceOp, own_rank: usize, own: &mut [u8], others: &[&[u8]]) {
+    // Blocks keep the f32 accumulator in registers/L1 and let the inner loops vectorize.
+    const BLOCK: usize = 512;
+    let world = others.len();
+    let own: &mut [E] = bytemuck::cast_slice_mut(own);
+    let others: Vec<&[E]> = others
+        .iter()
+        .enumerate()
+        .map(|(q, bytes)| {
+            if q == own_rank {
+                &[][..]
+            } else {
+                bytemuck::cast_slice(bytes)
+            }
+        })
+        .collect();
+    let mut acc = [0f32; BLOCK];
+    let mut start = 0;
+    while start < own.len() {
+        let end = (start + BLOCK).min(own.len());
+        let acc = &mut acc[..end - start];
+        for (q, contribution) in others.iter().enumerate() {
+            let src = if q == own_rank {
+                &own[start..end]
+            } else {
+                &contribution[start..end]
+            };
+            if q == 0 {
+                acc.iter_mut().zip(src).for_each(|(a, s)| *a = s.to_f32());
+            } else {
+                acc.iter_mut()
+                    .zip(src)
+                    .for_each(|(a, s)| *a = combine(op, *a, s.to_f32()));
+            }
+        }
+        if op == ReduceOp::Avg {
+            let n = world as f32;
+            acc.iter_mut().for_each(|a| *a /= n);
+        }
+        own[start..end]
+            .iter_mut()
+            .zip(acc.iter())
+            .for_each(|(o, a)| *o = E::from_f32(*a));
+        start = end;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunks_tile_the_buffer_in_order() {
+        for len in 0..40 {
+            for world in 1..6 {
+                let mut next = 0;
+                for index in 0..world {
+                    let r = chunk_range(len, world, index);
+                    assert_eq!(r.start, next);
+                    assert!(r.len() == len / world || r.len() == len / world + 1);
+                    next = r.end;
+                }
+                assert_eq!(next, len);
+            }
+        }
+    }
+}

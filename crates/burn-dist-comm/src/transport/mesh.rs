@@ -1,0 +1,217 @@
+//! Builds the TCP mesh: every rank listens on the interface that reaches the store, publishes
+//! its address there, connects to every lower rank and accepts every higher one, two
+//! connections per pair (data and control). Each connection opens with a hello that carries the
+//! job token; a connection with a wrong token or an impossible rank is refused and does not
+//! count, so a stray process cannot take a rank's place.
+
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::time::{Duration, Instant};
+
+use super::tcp::{PeerLink, TcpTransport};
+use crate::store::{StoreClient, tokens_match};
+use crate::{CommConfig, CommError, Result};
+
+const MAGIC: &[u8; 4] = b"BDM1";
+const DATA: u8 = 0;
+const CONTROL: u8 = 1;
+const ACCEPTED: u8 = 0;
+const REFUSED: u8 = 1;
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+const MAX_TOKEN: usize = 1024;
+
+fn addr_key(rank: usize) -> String {
+    format!("burn-dist/mesh/addr/{rank}")
+}
+
+/// Connects `rank` of `world` to every peer, using `store` to find them.
+pub(crate) fn connect(
+    rank: usize,
+    world: usize,
+    store: &StoreClient,
+    token: &str,
+    config: &CommConfig,
+) -> Result<TcpTransport> {
+    let ip = store.local_ip();
+    let listener =
+        TcpListener::bind((ip, 0)).map_err(|e| CommError::io(format!("listening on {ip}"), e))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| CommError::io("mesh local_addr", e))?;
+    store.set(&addr_key(rank), addr.to_string().as_bytes())?;
+
+    let mut links: Vec<Option<PeerLink>> = (0..world).map(|_| None).collect();
+    for peer in 0..rank {
+        let peer_addr = peer_address(store, peer)?;
+        let data = dial(peer_addr, peer, rank, world, token, DATA)?;
+        let control = dial(peer_addr, peer, rank, world, token, CONTROL)?;
+        links[peer] = Some(PeerLink { data, control });
+    }
+    accept_higher(&listener, rank, world, token, config.timeout, &mut links)?;
+    TcpTransport::new(rank, links, config.timeout)
+        .map_err(|e| CommError::io("setting up peer sockets", e))
+}
+
+fn peer_address(store: &StoreClient, peer: usize) -> Result<SocketAddr> {
+    let value = store.get(&addr_key(peer)).map_err(|e| match e {
+        CommError::Store { addr, reason } => CommError::Store {
+            addr,
+            reason: format!("rank {peer} did not join the rendezvous: {reason}"),
+        },
+        other => other,
+    })?;
+    String::from_utf8_lossy(&value)
+        .parse()
+        .map_err(|_| CommError::Handshake {
+            from: format!("rank {peer}"),
+            reason: format!(
+                "published an unparsable address {:?}",
+                String::from_utf8_lossy(&value)
+            ),
+        })
+}
+
+/// Opens one connection to `peer` and presents this rank.
+fn dial(
+    addr: SocketAddr,
+    peer: usize,
+    rank: usize,
+    world: usize,
+    token: &str,
+    kind: u8,
+) -> Result<TcpStream> {
+    let fail = |e: io::Error| CommError::io(format!("connecting to rank {peer} at {addr}"), e);
+    let mut stream = TcpStream::connect_timeout(&addr, HANDSHAKE_TIMEOUT).map_err(fail)?;
+    stream
+        .set_read_timeout(Some(HANDSHAKE_TIMEOUT))
+        .map_err(fail)?;
+    let mut hello = MAGIC.to_vec();
+    hello.extend_from_slice(&(rank as u32).to_le_bytes());
+    hello.extend_from_slice(&(world as u32).to_le_bytes());
+    hello.push(kind);
+    hello.extend_from_slice(&(token.len() as u16).to_le_bytes());
+    hello.extend_from_slice(token.as_bytes());
+    stream.write_all(&hello).map_err(fail)?;
+    let mut status = [0u8; 3];
+    stream.read_exact(&mut status).map_err(fail)?;
+    if status[0] == ACCEPTED {
+        return Ok(stream);
+    }
+    let mut reason = vec![0u8; u16::from_le_bytes([status[1], status[2]]) as usize];
+    stream.read_exact(&mut reason).map_err(fail)?;
+    Err(CommError::Handshake {
+        from: format!("rank {peer} at {addr}"),
+        reason: format!(
+            "it refused rank {rank}: {}",
+            String::from_utf8_lossy(&reason)
+        ),
+    })
+}
+
+/// Accepts the data and control connections of every rank above `rank`, refusing impostors,
+/// until all are in or the timeout runs out.
+fn accept_higher(
+    listener: &TcpListener,
+    rank: usize,
+    world: usize,
+    token: &str,
+    timeout: Duration,
+    links: &mut [Option<PeerLink>],
+) -> Result<()> {
+    let mut pending: Vec<[Option<TcpStream>; 2]> = (0..world).map(|_| [None, None]).collect();
+    let mut missing = 2 * (world - 1 - rank);
+    let deadline = Instant::now() + timeout;
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| CommError::io("mesh listener", e))?;
+    while missing > 0 {
+        let (stream, from) = match listener.accept() {
+            Ok(accepted) => accepted,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                if Instant::now() >= deadline {
+                    let absent: Vec<String> = (rank + 1..world)
+                        .filter(|&q| pending[q].iter().any(Option::is_none))
+                        .map(|q| q.to_string())
+                        .collect();
+                    return Err(CommError::Handshake {
+                        from: format!("ranks {}", absent.join(", ")),
+                        reason: format!(
+                            "they did not connect to rank {rank} within {} s",
+                            timeout.as_secs_f32()
+                        ),
+                    });
+                }
+                std::thread::sleep(Duration::from_millis(2));
+                continue;
+            }
+            Err(e) => return Err(CommError::io("accepting peers", e)),
+        };
+        match read_hello(stream, rank, world, token) {
+            Ok((peer, kind, stream)) if pending[peer][kind as usize].is_none() => {
+                pending[peer][kind as usize] = Some(stream);
+                missing -= 1;
+            }
+            Ok((peer, _, _)) => tracing::warn!(rank, %from, peer, "refused a duplicate connection"),
+            Err(reason) => tracing::warn!(rank, %from, "refused a connection: {reason}"),
+        }
+    }
+    for (peer, [data, control]) in pending.into_iter().enumerate().skip(rank + 1) {
+        let (data, control) = (data.expect("all data links in"), control.expect("all in"));
+        links[peer] = Some(PeerLink { data, control });
+    }
+    Ok(())
+}
+
+/// Reads and checks a peer's hello; answers it either way.
+fn read_hello(
+    mut stream: TcpStream,
+    rank: usize,
+    world: usize,
+    token: &str,
+) -> std::result::Result<(usize, u8, TcpStream), String> {
+    let io = |e: io::Error| e.to_string();
+    stream.set_nonblocking(false).map_err(io)?;
+    stream
+        .set_read_timeout(Some(HANDSHAKE_TIMEOUT))
+        .map_err(io)?;
+    let mut head = [0u8; 15];
+    stream.read_exact(&mut head).map_err(io)?;
+    let u32_at =
+        |i: usize| u32::from_le_bytes(head[i..i + 4].try_into().expect("4 bytes")) as usize;
+    let (peer, peer_world, kind) = (u32_at(4), u32_at(8), head[12]);
+    let token_len = u16::from_le_bytes([head[13], head[14]]) as usize;
+    let verdict = if &head[..4] != MAGIC {
+        Err("not a burn-dist peer".to_string())
+    } else if token_len > MAX_TOKEN {
+        Err(format!("token of {token_len} bytes is too long"))
+    } else {
+        let mut presented = vec![0u8; token_len];
+        stream.read_exact(&mut presented).map_err(io)?;
+        if !tokens_match(&presented, token.as_bytes()) {
+            Err("wrong job token: BURN_DIST_TOKEN must be the same on every rank".into())
+        } else if peer_world != world {
+            Err(format!(
+                "it says WORLD_SIZE={peer_world}, this rank has {world}"
+            ))
+        } else if peer <= rank || peer >= world || kind > CONTROL {
+            Err(format!(
+                "rank {peer} (kind {kind}) should not connect to rank {rank}"
+            ))
+        } else {
+            Ok(())
+        }
+    };
+    match verdict {
+        Ok(()) => {
+            stream.write_all(&[ACCEPTED, 0, 0]).map_err(io)?;
+            Ok((peer, kind, stream))
+        }
+        Err(reason) => {
+            let mut reply = vec![REFUSED];
+            reply.extend_from_slice(&(reason.len() as u16).to_le_bytes());
+            reply.extend_from_slice(reason.as_bytes());
+            _ = stream.write_all(&reply);
+            Err(reason)
+        }
+    }
+}

@@ -1,0 +1,125 @@
+//! Point-to-point links between the ranks of a group, and the one exchange pattern every
+//! collective is built from.
+//!
+//! A transport moves framed byte messages between ranks: in-process channels for unit tests
+//! (`local`) or TCP sockets between processes (`tcp`). The collectives in `algorithms` know
+//! nothing about which one they run on.
+
+pub(crate) mod local;
+pub(crate) mod mesh;
+pub(crate) mod tcp;
+
+use crate::wire::Header;
+use crate::{CommError, OpDesc, Result};
+
+/// The sending side of a transport. Shared with a helper thread while the receiving side runs.
+pub(crate) trait Tx: Sync {
+    /// Sends one message of collective `op` to `peer`.
+    fn send(&self, peer: usize, op: &OpDesc, payload: &[u8]) -> Result<()>;
+}
+
+/// The receiving side of a transport.
+pub(crate) trait Rx {
+    /// Receives `peer`'s next message into `out`. It must belong to the same collective `op`
+    /// (kind, sequence number, dtype) and have `out.len()` bytes, otherwise this fails with
+    /// `CommError::Mismatch` (see [`check_header`]).
+    fn recv(&mut self, peer: usize, op: &OpDesc, out: &mut [u8]) -> Result<()>;
+}
+
+/// Failure handling shared by both sides of a transport.
+pub(crate) trait Abort: Sync {
+    /// Records `error` as the group's failure unless one is recorded already, tells the peers,
+    /// and wakes every send and receive still blocked on this rank. Returns the first failure,
+    /// which is the root cause to report.
+    fn abort(&self, error: CommError) -> CommError;
+    /// The recorded failure, if any.
+    fn failure(&self) -> Option<CommError>;
+}
+
+/// A rank's links to every other rank of its group.
+pub(crate) trait Transport: Send {
+    fn rank(&self) -> usize;
+    fn world(&self) -> usize;
+    /// Both sides at once, so one thread can send while another receives.
+    fn parts(&mut self) -> (&dyn Tx, &mut dyn Rx, &dyn Abort);
+    /// Aborts the group with `error` (see [`Abort::abort`]).
+    fn abort(&mut self, error: CommError) -> CommError {
+        self.parts().2.abort(error)
+    }
+    /// Orderly shutdown: tells the peers this rank is leaving, so that they do not take it for
+    /// a crash unless they still need it.
+    fn close(&mut self);
+}
+
+/// Sends every `(peer, bytes)` of `sends` in order while receiving every `(peer, buffer)` of
+/// `recvs` in order. Sending runs on a helper thread so that two ranks that send to each other
+/// at once cannot block each other on full socket buffers.
+///
+/// On any failure the group is aborted and the root cause is returned.
+pub(crate) fn exchange(
+    transport: &mut dyn Transport,
+    op: &OpDesc,
+    sends: &[(usize, &[u8])],
+    recvs: &mut [(usize, &mut [u8])],
+) -> Result<()> {
+    let (tx, rx, abort) = transport.parts();
+    if let Some(failure) = abort.failure() {
+        return Err(failure);
+    }
+    let send_all = || -> Result<()> {
+        for (peer, payload) in sends {
+            tx.send(*peer, op, payload)
+                .inspect_err(|e| _ = abort.abort(e.clone()))?;
+        }
+        Ok(())
+    };
+    let inline = sends.is_empty() || recvs.is_empty();
+    let mut recv_all = || -> Result<()> {
+        for (peer, out) in recvs.iter_mut() {
+            rx.recv(*peer, op, out)
+                .inspect_err(|e| _ = abort.abort(e.clone()))?;
+        }
+        Ok(())
+    };
+    let (sent, received) = if inline {
+        (send_all(), recv_all())
+    } else {
+        std::thread::scope(|scope| {
+            let sender = scope.spawn(send_all);
+            let received = recv_all();
+            (sender.join().expect("sender thread panicked"), received)
+        })
+    };
+    match (sent, received) {
+        (Ok(()), Ok(())) => Ok(()),
+        (Err(e), _) | (_, Err(e)) => Err(abort.abort(e)),
+    }
+}
+
+/// Peers in the pairwise-exchange order: at step `s`, send to `rank + s` and receive from
+/// `rank - s` (mod world). Every step is a permutation of the ranks, so no link carries two
+/// messages at once and each rank sends and receives exactly once per step.
+pub(crate) fn send_order(rank: usize, world: usize) -> impl Iterator<Item = usize> {
+    (1..world).map(move |s| (rank + s) % world)
+}
+
+/// See [`send_order`].
+pub(crate) fn recv_order(rank: usize, world: usize) -> impl Iterator<Item = usize> {
+    (1..world).map(move |s| (rank + world - s) % world)
+}
+
+/// Checks that a message `got` from `peer` is the one this rank expects next: the same
+/// collective as `op`, carrying `len` bytes.
+pub(crate) fn check_header(peer: usize, op: &OpDesc, got: Header, len: usize) -> Result<()> {
+    let expect = Header::for_op(op).with_len(len);
+    if got == expect {
+        Ok(())
+    } else {
+        Err(CommError::Mismatch {
+            peer,
+            op: op.clone(),
+            expected: expect.to_string(),
+            got: got.to_string(),
+        })
+    }
+}

@@ -1,0 +1,279 @@
+//! TCP transport between processes. Each pair of ranks shares two connections:
+//! - a data connection, read and written directly from and into the collective's buffers;
+//! - a control connection, watched by one thread per peer, that carries aborts and goodbyes.
+//!
+//! The control connection is what makes failures loud and fast: when a peer dies, the kernel
+//! closes its sockets, every rank's watchdog sees it at once (not only the ranks that happen
+//! to be reading from the dead peer), records who died, and shuts this rank's data sockets so
+//! that whatever send or receive is blocked returns and reports that root cause.
+
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use super::{Abort, Rx, Transport, Tx, check_header};
+use crate::wire::{HEADER_LEN, Header};
+use crate::{CommError, OpDesc, Result};
+
+const CONTROL_ABORT: u8 = 1;
+const CONTROL_GOODBYE: u8 = 2;
+/// Abort reasons longer than this are cut; they are one-line messages.
+const MAX_REASON: usize = 4096;
+
+/// The two connections to one peer.
+pub(crate) struct PeerLink {
+    pub data: TcpStream,
+    pub control: TcpStream,
+}
+
+pub(crate) struct TcpTransport {
+    rank: usize,
+    world: usize,
+    tx: TcpTx,
+    rx: TcpRx,
+    shared: Arc<Shared>,
+    watchdogs: Vec<JoinHandle<()>>,
+}
+
+struct TcpTx {
+    data: Vec<Option<TcpStream>>,
+    shared: Arc<Shared>,
+}
+
+struct TcpRx {
+    data: Vec<Option<TcpStream>>,
+    shared: Arc<Shared>,
+}
+
+/// What the watchdogs and both sides share: the failure, and handles to wake blocked I/O.
+struct Shared {
+    rank: usize,
+    timeout: Duration,
+    failure: OnceLock<CommError>,
+    data: Vec<Option<TcpStream>>,
+    control: Vec<Option<Mutex<TcpStream>>>,
+    departed: Vec<AtomicBool>,
+    closing: AtomicBool,
+}
+
+impl TcpTransport {
+    /// Wraps established links; `links[rank]` must be `None`.
+    pub(crate) fn new(
+        rank: usize,
+        links: Vec<Option<PeerLink>>,
+        timeout: Duration,
+    ) -> io::Result<Self> {
+        let world = links.len();
+        let clone_all = |pick: &dyn Fn(&PeerLink) -> &TcpStream| -> io::Result<Vec<_>> {
+            links
+                .iter()
+                .map(|l| l.as_ref().map(|l| pick(l).try_clone()).transpose())
+                .collect()
+        };
+        for link in links.iter().flatten() {
+            link.data.set_nodelay(true)?;
+            link.data.set_read_timeout(Some(timeout))?;
+            link.data.set_write_timeout(Some(timeout))?;
+            link.control.set_nodelay(true)?;
+            link.control.set_read_timeout(None)?;
+            link.control
+                .set_write_timeout(Some(Duration::from_secs(5)))?;
+        }
+        let shared = Arc::new(Shared {
+            rank,
+            timeout,
+            failure: OnceLock::new(),
+            data: clone_all(&|l| &l.data)?,
+            control: clone_all(&|l| &l.control)?
+                .into_iter()
+                .map(|c| c.map(Mutex::new))
+                .collect(),
+            departed: (0..world).map(|_| AtomicBool::new(false)).collect(),
+            closing: AtomicBool::new(false),
+        });
+        let tx = TcpTx {
+            data: clone_all(&|l| &l.data)?,
+            shared: shared.clone(),
+        };
+        let rx = TcpRx {
+            data: clone_all(&|l| &l.data)?,
+            shared: shared.clone(),
+        };
+        let mut watchdogs = Vec::new();
+        for (peer, link) in links.into_iter().enumerate() {
+            if let Some(link) = link {
+                let shared = shared.clone();
+                let watchdog = std::thread::Builder::new()
+                    .name(format!("burn-dist-watch-{rank}-{peer}"))
+                    .spawn(move || watch(peer, link.control, &shared))?;
+                watchdogs.push(watchdog);
+            }
+        }
+        Ok(TcpTransport {
+            rank,
+            world,
+            tx,
+            rx,
+            shared,
+            watchdogs,
+        })
+    }
+}
+
+/// Reads `peer`'s control connection until it closes, turning aborts and unexpected closes
+/// into this rank's failure.
+fn watch(peer: usize, mut control: TcpStream, shared: &Shared) {
+    loop {
+        let mut kind = [0u8; 1];
+        let mut len = [0u8; 4];
+        let frame = control
+            .read_exact(&mut kind)
+            .and_then(|()| control.read_exact(&mut len));
+        if frame.is_err() {
+            let expected = shared.closing.load(Ordering::SeqCst)
+                || shared.departed[peer].load(Ordering::SeqCst);
+            if !expected {
+                shared.abort(CommError::PeerLost { peer });
+            }
+            return;
+        }
+        let len = (u32::from_le_bytes(len) as usize).min(MAX_REASON);
+        let mut reason = vec![0u8; len];
+        if control.read_exact(&mut reason).is_err() {
+            reason.clear();
+        }
+        match kind[0] {
+            CONTROL_ABORT => {
+                let reason = String::from_utf8_lossy(&reason).into_owned();
+                shared.abort(CommError::Aborted { by: peer, reason });
+            }
+            CONTROL_GOODBYE => shared.departed[peer].store(true, Ordering::SeqCst),
+            other => {
+                let reason = format!("unknown control frame kind {other} from rank {peer}");
+                shared.abort(CommError::Aborted { by: peer, reason });
+            }
+        }
+    }
+}
+
+impl Shared {
+    fn send_control(&self, kind: u8, reason: &str) {
+        let reason = &reason.as_bytes()[..reason.len().min(MAX_REASON)];
+        let mut frame = vec![kind];
+        frame.extend_from_slice(&(reason.len() as u32).to_le_bytes());
+        frame.extend_from_slice(reason);
+        for control in self.control.iter().flatten() {
+            if let Ok(mut stream) = control.lock() {
+                _ = stream.write_all(&frame);
+            }
+        }
+    }
+
+    /// The error to report for an I/O failure with `peer`: the recorded root cause if the group
+    /// has failed (our own shutdown of the sockets is what woke us), else what `err` means.
+    fn io_error(&self, peer: usize, op: &OpDesc, err: io::Error) -> CommError {
+        if let Some(failure) = self.failure.get() {
+            return failure.clone();
+        }
+        match err.kind() {
+            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => CommError::Timeout {
+                peer,
+                op: op.clone(),
+                timeout: self.timeout,
+            },
+            io::ErrorKind::UnexpectedEof
+            | io::ErrorKind::ConnectionReset
+            | io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::BrokenPipe => CommError::PeerClosed {
+                peer,
+                op: op.clone(),
+            },
+            _ => CommError::io(format!("rank {peer}, {op}"), err),
+        }
+    }
+}
+
+impl Abort for Shared {
+    fn abort(&self, error: CommError) -> CommError {
+        let mut first = false;
+        let cause = self.failure.get_or_init(|| {
+            first = true;
+            error
+        });
+        if first {
+            tracing::error!(rank = self.rank, "aborting the group: {cause}");
+            if !matches!(cause, CommError::Aborted { .. }) {
+                self.send_control(CONTROL_ABORT, &cause.to_string());
+            }
+            for stream in self.data.iter().flatten() {
+                _ = stream.shutdown(Shutdown::Both);
+            }
+        }
+        cause.clone()
+    }
+
+    fn failure(&self) -> Option<CommError> {
+        self.failure.get().cloned()
+    }
+}
+
+impl Tx for TcpTx {
+    fn send(&self, peer: usize, op: &OpDesc, payload: &[u8]) -> Result<()> {
+        let mut stream = self.data[peer].as_ref().expect("no link to self");
+        let header = Header::for_op(op).with_len(payload.len()).encode();
+        stream
+            .write_all(&header)
+            .and_then(|()| stream.write_all(payload))
+            .map_err(|e| self.shared.io_error(peer, op, e))
+    }
+}
+
+impl Rx for TcpRx {
+    fn recv(&mut self, peer: usize, op: &OpDesc, out: &mut [u8]) -> Result<()> {
+        let mut stream = self.data[peer].as_ref().expect("no link to self");
+        let mut header = [0u8; HEADER_LEN];
+        stream
+            .read_exact(&mut header)
+            .map_err(|e| self.shared.io_error(peer, op, e))?;
+        let got = Header::decode(&header).map_err(|got| CommError::Mismatch {
+            peer,
+            op: op.clone(),
+            expected: Header::for_op(op).with_len(out.len()).to_string(),
+            got,
+        })?;
+        check_header(peer, op, got, out.len())?;
+        stream
+            .read_exact(out)
+            .map_err(|e| self.shared.io_error(peer, op, e))
+    }
+}
+
+impl Transport for TcpTransport {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn world(&self) -> usize {
+        self.world
+    }
+
+    fn parts(&mut self) -> (&dyn Tx, &mut dyn Rx, &dyn Abort) {
+        (&self.tx, &mut self.rx, &*self.shared)
+    }
+
+    fn close(&mut self) {
+        self.shared.closing.store(true, Ordering::SeqCst);
+        self.shared.send_control(CONTROL_GOODBYE, "");
+        for control in self.shared.control.iter().flatten() {
+            if let Ok(stream) = control.lock() {
+                _ = stream.shutdown(Shutdown::Both);
+            }
+        }
+        for watchdog in self.watchdogs.drain(..) {
+            _ = watchdog.join();
+        }
+    }
+}

@@ -1,0 +1,253 @@
+//! Every collective, dtype and world size 1–4 against the straightforward reference, on both
+//! transports; bitwise agreement across ranks; independence from message splitting.
+
+use std::time::Duration;
+
+use burn_dist_comm::testing::{rank_data, reference_reduce, run_ranks, tcp_group};
+use burn_dist_comm::{
+    CommConfig, Communicator, DType, HostBuffer, HostCommunicator, ReduceOp, chunk_range,
+};
+
+const FLOATS: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
+const OPS: [ReduceOp; 3] = [ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max];
+/// Includes empty, shorter than the world, and lengths not divisible by 2, 3 or 4.
+const LENGTHS: [usize; 6] = [0, 1, 3, 7, 1000, 1003];
+
+fn config() -> CommConfig {
+    CommConfig::default().with_timeout(Duration::from_secs(30))
+}
+
+#[derive(Clone, Copy)]
+enum Wire {
+    Local,
+    Tcp,
+}
+
+/// Runs `f` on `world` ranks connected by `wire`.
+fn with_group<T: Send>(
+    wire: Wire,
+    world: usize,
+    f: impl Fn(usize, HostCommunicator) -> T + Sync,
+) -> Vec<T> {
+    match wire {
+        Wire::Local => run_ranks(HostCommunicator::local_group(world, &config()), f),
+        Wire::Tcp => {
+            let (_store, comms) = tcp_group(world, &config());
+            run_ranks(comms, f)
+        }
+    }
+}
+
+/// The (dtype, op) pairs that are defined: every float op, and max on bytes.
+fn reductions() -> Vec<(DType, ReduceOp)> {
+    let mut pairs: Vec<_> = FLOATS
+        .iter()
+        .flat_map(|&d| OPS.iter().map(move |&o| (d, o)))
+        .collect();
+    pairs.push((DType::U8, ReduceOp::Max));
+    pairs
+}
+
+fn assert_bitwise(got: &HostBuffer, want: &HostBuffer, what: &str) {
+    assert_eq!(got.dtype(), want.dtype(), "{what}: dtype");
+    assert_eq!(got.as_bytes(), want.as_bytes(), "{what}: values differ");
+}
+
+fn all_reduce_matches_reference(wire: Wire, lengths: &[usize]) {
+    for world in 1..=4 {
+        for (dtype, op) in reductions() {
+            for &len in lengths {
+                let inputs: Vec<_> = (0..world).map(|r| rank_data(dtype, len, 7, r)).collect();
+                let want = reference_reduce(&inputs, op);
+                let got = with_group(wire, world, |rank, comm| {
+                    comm.all_reduce(inputs[rank].clone(), op).wait().unwrap()
+                });
+                for (rank, got) in got.iter().enumerate() {
+                    let what =
+                        format!("all_reduce {dtype} {op} len {len} world {world} rank {rank}");
+                    assert_bitwise(got, &want, &what);
+                }
+            }
+        }
+    }
+}
+
+fn reduce_scatter_matches_reference(wire: Wire, lengths: &[usize]) {
+    for world in 1..=4 {
+        for (dtype, op) in reductions() {
+            for &len in lengths {
+                let inputs: Vec<_> = (0..world).map(|r| rank_data(dtype, len, 11, r)).collect();
+                let want = reference_reduce(&inputs, op);
+                let got = with_group(wire, world, |rank, comm| {
+                    comm.reduce_scatter(inputs[rank].clone(), op)
+                        .wait()
+                        .unwrap()
+                });
+                for (rank, got) in got.iter().enumerate() {
+                    let what =
+                        format!("reduce_scatter {dtype} {op} len {len} world {world} rank {rank}");
+                    assert_bitwise(got, &want.slice(chunk_range(len, world, rank)), &what);
+                }
+            }
+        }
+    }
+}
+
+fn all_gather_and_broadcast_match_reference(wire: Wire, lengths: &[usize]) {
+    for world in 1..=4 {
+        for dtype in [DType::F32, DType::F16, DType::BF16, DType::U8] {
+            for &len in lengths {
+                let full = rank_data(dtype, len, 13, 99);
+                let gathered = with_group(wire, world, |rank, comm| {
+                    let shard = full.slice(chunk_range(len, world, rank));
+                    comm.all_gather(shard, len).wait().unwrap()
+                });
+                for (rank, got) in gathered.iter().enumerate() {
+                    assert_bitwise(
+                        got,
+                        &full,
+                        &format!("all_gather {dtype} len {len} world {world} rank {rank}"),
+                    );
+                }
+                for root in 0..world {
+                    let inputs: Vec<_> = (0..world).map(|r| rank_data(dtype, len, 17, r)).collect();
+                    let got = with_group(wire, world, |rank, comm| {
+                        comm.broadcast(inputs[rank].clone(), root).wait().unwrap()
+                    });
+                    for (rank, got) in got.iter().enumerate() {
+                        let what = format!(
+                            "broadcast {dtype} len {len} world {world} root {root} rank {rank}"
+                        );
+                        assert_bitwise(got, &inputs[root], &what);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn all_reduce_matches_reference_in_process() {
+    all_reduce_matches_reference(Wire::Local, &LENGTHS);
+}
+
+#[test]
+fn all_reduce_matches_reference_over_tcp() {
+    all_reduce_matches_reference(Wire::Tcp, &[0, 7, 1003]);
+}
+
+#[test]
+fn reduce_scatter_matches_reference_in_process() {
+    reduce_scatter_matches_reference(Wire::Local, &LENGTHS);
+}
+
+#[test]
+fn reduce_scatter_matches_reference_over_tcp() {
+    reduce_scatter_matches_reference(Wire::Tcp, &[3, 1003]);
+}
+
+#[test]
+fn all_gather_and_broadcast_match_reference_in_process() {
+    all_gather_and_broadcast_match_reference(Wire::Local, &LENGTHS);
+}
+
+#[test]
+fn all_gather_and_broadcast_match_reference_over_tcp() {
+    all_gather_and_broadcast_match_reference(Wire::Tcp, &[0, 1003]);
+}
+
+/// Splitting a buffer into messages (buckets) at arbitrary points gives the same bits as
+/// reducing it whole: the fold order of an element depends only on the ranks.
+fn result_does_not_depend_on_message_split(wire: Wire) {
+    let len = 10_007;
+    for world in 2..=4 {
+        for dtype in FLOATS {
+            let inputs: Vec<_> = (0..world).map(|r| rank_data(dtype, len, 23, r)).collect();
+            let cuts = [0, 1, 333, 4096, 4097, 9000, len];
+            let (whole, pieces): (Vec<_>, Vec<_>) = with_group(wire, world, |rank, comm| {
+                let whole = comm
+                    .all_reduce(inputs[rank].clone(), ReduceOp::Sum)
+                    .wait()
+                    .unwrap();
+                // All pieces in flight at once, as buckets are during backward.
+                let pending: Vec<_> = cuts
+                    .windows(2)
+                    .map(|w| comm.all_reduce(inputs[rank].slice(w[0]..w[1]), ReduceOp::Sum))
+                    .collect();
+                let pieces: Vec<HostBuffer> =
+                    pending.into_iter().map(|p| p.wait().unwrap()).collect();
+                let mut joined = Vec::new();
+                pieces
+                    .iter()
+                    .for_each(|p| joined.extend_from_slice(p.as_bytes()));
+                (whole, joined)
+            })
+            .into_iter()
+            .unzip();
+            for rank in 0..world {
+                assert_eq!(
+                    whole[rank].as_bytes(),
+                    &pieces[rank][..],
+                    "{dtype} world {world} rank {rank}"
+                );
+                assert_eq!(
+                    whole[rank].as_bytes(),
+                    whole[0].as_bytes(),
+                    "ranks disagree"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn result_does_not_depend_on_message_split_in_process() {
+    result_does_not_depend_on_message_split(Wire::Local);
+}
+
+#[test]
+fn result_does_not_depend_on_message_split_over_tcp() {
+    result_does_not_depend_on_message_split(Wire::Tcp);
+}
+
+#[test]
+fn nan_on_one_rank_reaches_every_rank_through_max() {
+    let got = with_group(Wire::Local, 3, |rank, comm| {
+        let mut flags = vec![0.0f32, 1.0, -2.0];
+        if rank == 1 {
+            flags[0] = f32::NAN;
+        }
+        comm.all_reduce(HostBuffer::F32(flags), ReduceOp::Max)
+            .wait()
+            .unwrap()
+    });
+    for buf in got {
+        let HostBuffer::F32(v) = buf else {
+            panic!("dtype")
+        };
+        assert!(v[0].is_nan());
+        assert_eq!(&v[1..], &[1.0, -2.0]);
+    }
+}
+
+#[test]
+fn many_collectives_in_flight_complete_in_issue_order() {
+    let got = with_group(Wire::Local, 2, |rank, comm| {
+        let mut pending: Vec<_> = (0..8)
+            .map(|i| comm.all_reduce(HostBuffer::F32(vec![(rank + i) as f32; 5]), ReduceOp::Sum))
+            .collect();
+        let barrier = comm.barrier();
+        barrier.wait().unwrap();
+        // The barrier was issued last, so everything before it is done.
+        assert!(pending.iter_mut().all(|p| p.is_done()));
+        pending
+            .into_iter()
+            .map(|p| p.wait().unwrap())
+            .collect::<Vec<_>>()
+    });
+    for results in got {
+        for (i, buf) in results.iter().enumerate() {
+            assert_eq!(buf, &HostBuffer::F32(vec![(2 * i + 1) as f32; 5]));
+        }
+    }
+}
