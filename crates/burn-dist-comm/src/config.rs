@@ -8,8 +8,11 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10 * 60);
 /// Settings of a communicator and its rendezvous.
 #[derive(Debug, Clone)]
 pub struct CommConfig {
-    /// Bound on every blocking wait: a store get, a message from a peer, a barrier.
+    /// Bound on every blocking wait of a collective: a message from a peer, a barrier.
     pub timeout: Duration,
+    /// Bound on joining: reaching the store, waiting for every rank to publish its address,
+    /// connecting the mesh, and every later store get.
+    pub join_timeout: Duration,
     /// Largest frame the TCP store accepts; larger ones are refused before any allocation.
     pub max_store_frame: usize,
 }
@@ -18,15 +21,23 @@ impl Default for CommConfig {
     fn default() -> Self {
         Self {
             timeout: DEFAULT_TIMEOUT,
+            join_timeout: DEFAULT_TIMEOUT,
             max_store_frame: 16 << 20,
         }
     }
 }
 
 impl CommConfig {
-    /// The same settings with another timeout.
+    /// The same settings with another timeout for collectives and for joining.
     pub fn with_timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
+        self.join_timeout = timeout;
+        self
+    }
+
+    /// The same settings with another timeout for joining only.
+    pub fn with_join_timeout(mut self, timeout: Duration) -> Self {
+        self.join_timeout = timeout;
         self
     }
 }

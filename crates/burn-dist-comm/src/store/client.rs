@@ -12,6 +12,7 @@ use crate::{CommConfig, CommError, Result};
 const REPLY_SLACK: Duration = Duration::from_secs(10);
 
 /// A joined connection to the store. Requests are serialized; the client is `Sync`.
+#[derive(Debug)]
 pub struct StoreClient {
     addr: SocketAddr,
     local_ip: IpAddr,
@@ -29,7 +30,7 @@ impl StoreClient {
         rank: usize,
         config: &CommConfig,
     ) -> Result<Self> {
-        let deadline = Instant::now() + config.timeout;
+        let deadline = Instant::now() + config.join_timeout;
         let mut backoff = Duration::from_millis(10);
         let stream = loop {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -46,7 +47,7 @@ impl StoreClient {
                         format!(
                             "not reachable within {} s ({e}): is rank 0 running, and are \
                              MASTER_ADDR and MASTER_PORT the same on every rank?",
-                            config.timeout.as_secs_f32()
+                            config.join_timeout.as_secs_f32()
                         ),
                     ));
                 }
@@ -63,7 +64,7 @@ impl StoreClient {
             addr,
             local_ip,
             stream: Mutex::new(stream),
-            timeout: config.timeout,
+            timeout: config.join_timeout,
             max_frame: config.max_store_frame,
         };
         let hello = Message::Hello {

@@ -29,6 +29,7 @@ struct State {
 }
 
 /// A running store. Dropping it stops accepting connections.
+#[derive(Debug)]
 pub struct StoreServer {
     addr: SocketAddr,
     stop: Arc<AtomicBool>,

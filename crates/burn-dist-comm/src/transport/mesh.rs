@@ -47,7 +47,14 @@ pub(crate) fn connect(
         let control = dial(peer_addr, peer, rank, world, token, CONTROL)?;
         links[peer] = Some(PeerLink { data, control });
     }
-    accept_higher(&listener, rank, world, token, config.timeout, &mut links)?;
+    accept_higher(
+        &listener,
+        rank,
+        world,
+        token,
+        config.join_timeout,
+        &mut links,
+    )?;
     TcpTransport::new(rank, links, config.timeout)
         .map_err(|e| CommError::io("setting up peer sockets", e))
 }

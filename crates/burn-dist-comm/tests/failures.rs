@@ -1,0 +1,193 @@
+//! Failures are loud, fast and named: dead or silent peers, mismatched collectives, bad
+//! arguments. (Real process deaths are covered by burn-dist-run's multi-process tests.)
+
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use burn_dist_comm::testing::{run_ranks, tcp_group};
+use burn_dist_comm::{CommConfig, CommError, Communicator, HostBuffer, HostCommunicator, ReduceOp};
+
+fn config(timeout_ms: u64) -> CommConfig {
+    CommConfig::default().with_timeout(Duration::from_millis(timeout_ms))
+}
+
+fn all_reduce_f32(comm: &HostCommunicator, len: usize) -> Result<HostBuffer, CommError> {
+    comm.all_reduce(HostBuffer::F32(vec![1.0; len]), ReduceOp::Sum)
+        .wait()
+}
+
+/// Rank 2 leaves (drops its communicator) while ranks 0 and 1 still need it: both fail with
+/// an error naming rank 2, well before the timeout.
+fn departed_rank_is_named_by_every_survivor(comms: Vec<HostCommunicator>) {
+    let started = Instant::now();
+    let errors = run_ranks(comms, |rank, comm| {
+        if rank == 2 {
+            drop(comm);
+            return None;
+        }
+        Some(all_reduce_f32(&comm, 1 << 16).unwrap_err())
+    });
+    for error in errors.into_iter().flatten() {
+        assert!(
+            error.to_string().contains("rank 2"),
+            "error does not name rank 2: {error}"
+        );
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "took {:?}",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn departed_rank_is_named_by_every_survivor_in_process() {
+    departed_rank_is_named_by_every_survivor(HostCommunicator::local_group(3, &config(30_000)));
+}
+
+#[test]
+fn departed_rank_is_named_by_every_survivor_over_tcp() {
+    let (_store, comms) = tcp_group(3, &config(30_000));
+    departed_rank_is_named_by_every_survivor(comms);
+}
+
+/// Rank 1 stays alive but never joins the collective: rank 0 fails with a timeout naming it.
+fn silent_rank_times_out_naming_it(comms: Vec<HostCommunicator>) {
+    let (done_tx, done_rx) = mpsc::channel::<()>();
+    let done_rx = std::sync::Mutex::new(done_rx);
+    let errors = run_ranks(comms, |rank, comm| {
+        if rank == 1 {
+            // Keep the communicator alive until rank 0 has its answer.
+            _ = done_rx.lock().unwrap().recv();
+            return None;
+        }
+        let started = Instant::now();
+        let error = all_reduce_f32(&comm, 8).unwrap_err();
+        done_tx.send(()).unwrap();
+        Some((error, started.elapsed()))
+    });
+    let (error, elapsed) = errors.into_iter().flatten().next().unwrap();
+    assert!(
+        matches!(error, CommError::Timeout { peer: 1, .. }),
+        "{error}"
+    );
+    assert!(
+        error
+            .to_string()
+            .starts_with("rank 1 did not answer within 0.3 s during all_reduce #0"),
+        "{error}"
+    );
+    assert!(elapsed < Duration::from_secs(5), "{elapsed:?}");
+}
+
+#[test]
+fn silent_rank_times_out_naming_it_in_process() {
+    silent_rank_times_out_naming_it(HostCommunicator::local_group(2, &config(300)));
+}
+
+#[test]
+fn silent_rank_times_out_naming_it_over_tcp() {
+    // The mesh is built with a generous timeout; only the collective's wait is short.
+    let (_store, comms) = tcp_group(2, &config(300));
+    silent_rank_times_out_naming_it(comms);
+}
+
+#[test]
+fn mismatched_sizes_are_reported_not_garbage() {
+    let errors = run_ranks(
+        HostCommunicator::local_group(2, &config(30_000)),
+        |rank, comm| {
+            all_reduce_f32(&comm, 10 + 2 * rank)
+                .unwrap_err()
+                .to_string()
+        },
+    );
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.contains("expected all_reduce #0 f32")),
+        "{errors:?}"
+    );
+    assert!(
+        errors.iter().all(|e| e.contains("same sizes")),
+        "{errors:?}"
+    );
+}
+
+#[test]
+fn mismatched_collectives_over_tcp_are_reported() {
+    let (_store, comms) = tcp_group(2, &config(30_000));
+    let errors = run_ranks(comms, |rank, comm| match rank {
+        0 => all_reduce_f32(&comm, 64).unwrap_err().to_string(),
+        _ => comm
+            .broadcast(HostBuffer::F32(vec![0.0; 64]), 0)
+            .wait()
+            .unwrap_err()
+            .to_string(),
+    });
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.contains("sent broadcast #0") || e.contains("sent all_reduce #0")),
+        "{errors:?}"
+    );
+}
+
+#[test]
+fn sum_of_raw_bytes_is_refused_on_every_rank() {
+    let errors = run_ranks(
+        HostCommunicator::local_group(2, &config(30_000)),
+        |_, comm| {
+            comm.all_reduce(HostBuffer::U8(vec![1, 2]), ReduceOp::Sum)
+                .wait()
+                .unwrap_err()
+        },
+    );
+    for error in errors {
+        assert!(
+            error
+                .to_string()
+                .contains("sum is not defined on raw bytes"),
+            "{error}"
+        );
+    }
+}
+
+#[test]
+fn wrong_shard_length_names_the_rank_and_stops_the_group() {
+    let errors = run_ranks(
+        HostCommunicator::local_group(3, &config(30_000)),
+        |rank, comm| {
+            let len = if rank == 1 { 5 } else { 3 };
+            comm.all_gather(HostBuffer::F32(vec![0.0; len]), 9)
+                .wait()
+                .unwrap_err()
+                .to_string()
+        },
+    );
+    assert!(
+        errors[1].contains("rank 1 passed 5 elements"),
+        "{}",
+        errors[1]
+    );
+    for error in &errors {
+        assert!(error.contains("rank 1"), "{error}");
+    }
+}
+
+#[test]
+fn a_failed_group_fails_later_collectives_at_once_with_the_root_cause() {
+    let errors = run_ranks(
+        HostCommunicator::local_group(2, &config(30_000)),
+        |rank, comm| {
+            let first = all_reduce_f32(&comm, 4 + rank).unwrap_err().to_string();
+            let started = Instant::now();
+            let second = all_reduce_f32(&comm, 4).unwrap_err().to_string();
+            assert!(started.elapsed() < Duration::from_secs(1));
+            (first, second)
+        },
+    );
+    for (first, second) in errors {
+        assert_eq!(first, second);
+    }
+}

@@ -1,0 +1,52 @@
+//! Command-line arguments. Parsing only: cross-option checks live in `job.rs`, so they can report
+//! errors in the launcher's own words and be unit-tested without clap.
+
+use std::ffi::OsString;
+
+use clap::Parser;
+
+/// Run one process per rank of a burn-dist job on this node, torchrun style.
+///
+/// Each process gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR,
+/// MASTER_PORT and BURN_DIST_TOKEN in its environment. Its output is prefixed with `[rank R]`.
+/// When one rank fails, the others are stopped and the launcher exits with the failed rank's code.
+#[derive(Debug, Parser)]
+#[command(
+    name = "burn-dist-run",
+    version,
+    override_usage = "burn-dist-run [OPTIONS] -- <COMMAND> [ARGS]..."
+)]
+pub struct Args {
+    /// Processes (ranks) to start on this node.
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    pub nproc_per_node: u32,
+
+    /// Nodes in the job.
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    pub nnodes: u32,
+
+    /// This node's index, from 0 to nnodes - 1.
+    #[arg(long, default_value_t = 0, value_name = "R")]
+    pub node_rank: u32,
+
+    /// Address of the node that runs rank 0; every rank connects there.
+    #[arg(long, default_value = "127.0.0.1", value_name = "ADDR")]
+    pub master_addr: String,
+
+    /// Port of the rendezvous store on the master; 0 picks a free port (single node only).
+    #[arg(long, default_value_t = 29500, value_name = "PORT")]
+    pub master_port: u16,
+
+    /// Seconds the other ranks get to exit on their own after one fails, and again after SIGTERM
+    /// before SIGKILL.
+    #[arg(long, default_value_t = 5, value_name = "S")]
+    pub stop_grace_secs: u64,
+
+    /// The program each rank runs, and its arguments.
+    #[arg(
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "COMMAND"
+    )]
+    pub command: Vec<OsString>,
+}

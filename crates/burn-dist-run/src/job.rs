@@ -1,0 +1,210 @@
+//! What every rank of this node is told: validated options, the resolved master port and the job
+//! token, turned into each child's environment.
+
+use std::ffi::OsString;
+use std::net::TcpListener;
+use std::time::Duration;
+
+use crate::cli::Args;
+use crate::error::LaunchError;
+
+/// The variable that carries the job token; peers present it to each other so that a stray
+/// process (or another job on the same port) cannot join.
+pub const TOKEN_VAR: &str = "BURN_DIST_TOKEN";
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Job {
+    pub nproc_per_node: u32,
+    pub nnodes: u32,
+    pub node_rank: u32,
+    pub master_addr: String,
+    /// Never 0: a requested 0 has been replaced by a free port.
+    pub master_port: u16,
+    pub token: OsString,
+    pub command: Vec<OsString>,
+    pub grace: Duration,
+}
+
+impl Job {
+    /// Checks the options, then resolves the port and token. `env_token` is the launcher's own
+    /// BURN_DIST_TOKEN, passed in so tests need not touch the process environment.
+    pub fn from_args(args: Args, env_token: Option<OsString>) -> Result<Job, LaunchError> {
+        validate(&args)?;
+        // The token check comes before picking a port: it is a usage error and costs no I/O.
+        let token = resolve_token(env_token, args.nnodes)?;
+        let master_port = resolve_port(&args.master_addr, args.master_port)?;
+        Ok(Job {
+            nproc_per_node: args.nproc_per_node,
+            nnodes: args.nnodes,
+            node_rank: args.node_rank,
+            master_addr: args.master_addr,
+            master_port,
+            token,
+            command: args.command,
+            grace: Duration::from_secs(args.stop_grace_secs),
+        })
+    }
+
+    pub fn world_size(&self) -> u64 {
+        u64::from(self.nnodes) * u64::from(self.nproc_per_node)
+    }
+
+    pub fn global_rank(&self, local_rank: u32) -> u64 {
+        u64::from(self.node_rank) * u64::from(self.nproc_per_node) + u64::from(local_rank)
+    }
+
+    /// The variables set for the child with this local rank, on top of the launcher's own
+    /// environment.
+    pub fn rank_env(&self, local_rank: u32) -> Vec<(&'static str, OsString)> {
+        vec![
+            ("RANK", self.global_rank(local_rank).to_string().into()),
+            ("WORLD_SIZE", self.world_size().to_string().into()),
+            ("LOCAL_RANK", local_rank.to_string().into()),
+            ("LOCAL_WORLD_SIZE", self.nproc_per_node.to_string().into()),
+            ("GROUP_RANK", self.node_rank.to_string().into()),
+            ("MASTER_ADDR", self.master_addr.clone().into()),
+            ("MASTER_PORT", self.master_port.to_string().into()),
+            (TOKEN_VAR, self.token.clone()),
+        ]
+    }
+}
+
+fn validate(args: &Args) -> Result<(), LaunchError> {
+    if args.nproc_per_node == 0 {
+        return Err(LaunchError::NoProcesses);
+    }
+    if args.nnodes == 0 {
+        return Err(LaunchError::NoNodes);
+    }
+    if args.node_rank >= args.nnodes {
+        return Err(LaunchError::NodeRankOutOfRange {
+            node_rank: args.node_rank,
+            nnodes: args.nnodes,
+        });
+    }
+    if args.master_port == 0 && args.nnodes > 1 {
+        return Err(LaunchError::PortZeroMultiNode {
+            nnodes: args.nnodes,
+        });
+    }
+    if args.command.is_empty() {
+        return Err(LaunchError::MissingCommand);
+    }
+    Ok(())
+}
+
+/// A token the user exported is passed through unchanged. A single node may mint its own; several
+/// nodes cannot, because each launcher would mint a different one.
+fn resolve_token(env_token: Option<OsString>, nnodes: u32) -> Result<OsString, LaunchError> {
+    match env_token {
+        Some(token) if token.is_empty() => Err(LaunchError::EmptyToken),
+        Some(token) => Ok(token),
+        None if nnodes > 1 => Err(LaunchError::MissingToken { nnodes }),
+        None => random_token().map(OsString::from),
+    }
+}
+
+/// 16 random bytes as 32 lowercase hex characters.
+fn random_token() -> Result<String, LaunchError> {
+    let mut bytes = [0u8; 16];
+    getrandom::fill(&mut bytes).map_err(LaunchError::TokenRandomness)?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// Port 0 means "any free port": bind it on the master address, read what the kernel chose and
+/// release it for rank 0's store. Another process could take it in between; that window is the
+/// same one torchrun accepts.
+fn resolve_port(addr: &str, port: u16) -> Result<u16, LaunchError> {
+    if port != 0 {
+        return Ok(port);
+    }
+    let pick = || TcpListener::bind((addr, 0))?.local_addr().map(|a| a.port());
+    pick().map_err(|source| LaunchError::PickPort {
+        addr: addr.to_owned(),
+        source,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    fn args(cli: &[&str]) -> Args {
+        Args::try_parse_from(std::iter::once("burn-dist-run").chain(cli.iter().copied())).unwrap()
+    }
+
+    fn env_of(job: &Job, local_rank: u32, name: &str) -> String {
+        let env = job.rank_env(local_rank);
+        let (_, value) = env.iter().find(|(n, _)| *n == name).unwrap();
+        value.to_str().unwrap().to_owned()
+    }
+
+    #[test]
+    fn ranks_of_the_second_node_follow_the_first_nodes() {
+        let cli = [
+            "--nnodes",
+            "2",
+            "--node-rank",
+            "1",
+            "--nproc-per-node",
+            "3",
+            "--",
+            "x",
+        ];
+        let job = Job::from_args(args(&cli), Some("t".into())).unwrap();
+        let ranks: Vec<String> = (0..3).map(|l| env_of(&job, l, "RANK")).collect();
+        assert_eq!(ranks, ["3", "4", "5"]);
+        assert_eq!(env_of(&job, 2, "WORLD_SIZE"), "6");
+        assert_eq!(env_of(&job, 2, "LOCAL_RANK"), "2");
+        assert_eq!(env_of(&job, 2, "LOCAL_WORLD_SIZE"), "3");
+        assert_eq!(env_of(&job, 2, "GROUP_RANK"), "1");
+        assert_eq!(env_of(&job, 0, TOKEN_VAR), "t");
+    }
+
+    #[test]
+    fn single_node_mints_a_32_hex_char_token() {
+        let job = Job::from_args(args(&["--", "x"]), None).unwrap();
+        let token = job.token.to_str().unwrap();
+        assert_eq!(token.len(), 32);
+        assert!(token.bytes().all(|b| b.is_ascii_hexdigit()));
+    }
+
+    #[test]
+    fn multi_node_without_token_is_refused() {
+        let err = Job::from_args(args(&["--nnodes", "2", "--", "x"]), None).unwrap_err();
+        assert!(matches!(err, LaunchError::MissingToken { nnodes: 2 }));
+        assert!(
+            err.to_string()
+                .contains("export the same BURN_DIST_TOKEN on every node")
+        );
+    }
+
+    #[test]
+    fn bad_options_are_named() {
+        let cases: [(&[&str], &str); 5] = [
+            (&["--nproc-per-node", "0", "--", "x"], "--nproc-per-node"),
+            (&["--nnodes", "0", "--", "x"], "--nnodes"),
+            (
+                &["--nnodes", "2", "--node-rank", "2", "--", "x"],
+                "--node-rank 2",
+            ),
+            (
+                &["--nnodes", "2", "--master-port", "0", "--", "x"],
+                "--master-port 0",
+            ),
+            (&[], "no command"),
+        ];
+        for (cli, named) in cases {
+            let err = Job::from_args(args(cli), Some("t".into())).unwrap_err();
+            assert!(err.to_string().contains(named), "{cli:?}: {err}");
+            assert_eq!(err.exit_code(), 2);
+        }
+    }
+
+    #[test]
+    fn port_zero_becomes_a_real_port() {
+        let job = Job::from_args(args(&["--master-port", "0", "--", "x"]), None).unwrap();
+        assert_ne!(job.master_port, 0);
+    }
+}

@@ -1,0 +1,331 @@
+//! Fail-fast supervision: watch every rank, and when one fails (or the launcher is signalled)
+//! stop the others in three steps: time to exit on their own, SIGTERM, SIGKILL.
+//!
+//! Everything arrives as an `Event` on one channel, so every wait is a `recv_timeout` against a
+//! deadline and the order of events is the order the supervisor acts on.
+
+use std::process::{Child, ExitStatus};
+use std::sync::mpsc::Receiver;
+use std::time::{Duration, Instant};
+
+use crate::signals::signal_group;
+use crate::status::{describe, describe_signal, exit_code, signal_name};
+
+/// The launcher's message prefix.
+const ME: &str = "burn-dist-run";
+
+pub enum Event {
+    /// The child of local rank `index` ended (it is not reaped yet; see `waiter.rs`).
+    Exited { index: usize, status: ExitStatus },
+    /// One of the two output streams of local rank `index` reached end of file.
+    OutputClosed { index: usize },
+    /// The launcher received this signal.
+    Signal(i32),
+}
+
+struct Rank {
+    rank: u64,
+    /// Also the id of the rank's process group.
+    pid: u32,
+    /// Reaped only at the very end, so `pid` stays reserved while the supervisor may signal it.
+    child: Child,
+    status: Option<ExitStatus>,
+    open_outputs: u8,
+    /// The last signal the launcher sent while the rank was still running.
+    stopped_with: Option<i32>,
+}
+
+impl Rank {
+    fn running(&self) -> bool {
+        self.status.is_none()
+    }
+
+    /// Its group may still hold processes: the rank runs, or something it started keeps its
+    /// output open.
+    fn live(&self) -> bool {
+        self.running() || self.open_outputs > 0
+    }
+
+    fn failed(&self) -> bool {
+        self.status.is_some_and(|s| !s.success())
+    }
+}
+
+/// How `stop` begins.
+enum Start {
+    /// Give the ranks the grace period to exit on their own first.
+    AfterGrace,
+    /// Send SIGTERM at once, for this reason.
+    Now(String),
+}
+
+#[derive(PartialEq)]
+enum Wait {
+    Done,
+    TimedOut,
+    /// The launcher was signalled while waiting: the user does not want to wait any longer.
+    Signalled(i32),
+}
+
+pub struct Supervisor {
+    ranks: Vec<Rank>,
+    events: Receiver<Event>,
+    grace: Duration,
+    first_failure: Option<usize>,
+    signal: Option<i32>,
+}
+
+impl Supervisor {
+    pub fn new(events: Receiver<Event>, grace: Duration) -> Self {
+        Supervisor {
+            ranks: Vec::new(),
+            events,
+            grace,
+            first_failure: None,
+            signal: None,
+        }
+    }
+
+    /// Adds the next local rank; its events must use index = the number of ranks added before.
+    pub fn add(&mut self, rank: u64, child: Child) {
+        self.ranks.push(Rank {
+            rank,
+            pid: child.id(),
+            child,
+            status: None,
+            open_outputs: 2,
+            stopped_with: None,
+        });
+    }
+
+    /// Supervises until every rank has ended and its output is drained; returns the exit code:
+    /// 0, the first failed rank's code (128 + signal if it was killed), or 128 + the signal the
+    /// launcher received.
+    pub fn run(mut self) -> i32 {
+        while self.ranks.iter().any(Rank::running) {
+            let event = self
+                .recv(None)
+                .expect("the signal thread keeps the channel open");
+            if let Some(signal) = self.handle(event) {
+                self.stop(Start::Now(launcher_received(signal)));
+                break;
+            }
+            if let Some(index) = self.first_failure {
+                self.announce_failure(index);
+                self.stop(Start::AfterGrace);
+                break;
+            }
+        }
+        self.drain_output();
+        self.finish()
+    }
+
+    /// Stops the ranks already started when rank `rank` could not be spawned.
+    pub fn abort(mut self, rank: u64) {
+        self.stop(Start::Now(format!("rank {rank} could not be started")));
+        self.drain_output();
+        self.finish();
+    }
+
+    /// Records an event. Returns the signal if the launcher was signalled.
+    fn handle(&mut self, event: Event) -> Option<i32> {
+        match event {
+            Event::Exited { index, status } => {
+                self.ranks[index].status = Some(status);
+                // Ranks ending after the launcher was signalled were stopped by it, not failing.
+                if !status.success() && self.first_failure.is_none() && self.signal.is_none() {
+                    self.first_failure = Some(index);
+                }
+                None
+            }
+            Event::OutputClosed { index } => {
+                self.ranks[index].open_outputs -= 1;
+                None
+            }
+            Event::Signal(signal) => {
+                self.signal.get_or_insert(signal);
+                Some(signal)
+            }
+        }
+    }
+
+    fn announce_failure(&self, index: usize) {
+        let failed = &self.ranks[index];
+        let others = self.ranks.iter().filter(|r| r.running()).count();
+        let plan = match others {
+            0 => "no other rank is running".to_owned(),
+            1 => "stopping the other 1 rank".to_owned(),
+            n => format!("stopping the other {n} ranks"),
+        };
+        eprintln!(
+            "{ME}: rank {} (pid {}) failed first: {}; {plan}",
+            failed.rank,
+            failed.pid,
+            describe(failed.status.expect("a failed rank has a status"))
+        );
+    }
+
+    /// Stops every live rank: optionally a grace period to exit on their own (they usually
+    /// notice the dead peer and report it better than we can), then SIGTERM, then SIGKILL. A
+    /// signal to the launcher skips the rest of the current wait.
+    fn stop(&mut self, start: Start) {
+        let grace = self.grace.as_secs_f64();
+        match start {
+            Start::AfterGrace => match self.wait_all_done(Some(Instant::now() + self.grace)) {
+                Wait::Done => return,
+                Wait::TimedOut => {
+                    self.send_to_live(libc::SIGTERM, &format!("still running after {grace} s"))
+                }
+                Wait::Signalled(s) => self.send_to_live(libc::SIGTERM, &launcher_received(s)),
+            },
+            Start::Now(why) => self.send_to_live(libc::SIGTERM, &why),
+        }
+        match self.wait_all_done(Some(Instant::now() + self.grace)) {
+            Wait::Done => return,
+            Wait::TimedOut => self.send_to_live(
+                libc::SIGKILL,
+                &format!("still running {grace} s after SIGTERM"),
+            ),
+            Wait::Signalled(s) => self.send_to_live(libc::SIGKILL, &launcher_received(s)),
+        }
+        // SIGKILL cannot be refused, so waiting for the exits needs no deadline.
+        while self.ranks.iter().any(Rank::running) {
+            let event = self
+                .recv(None)
+                .expect("the signal thread keeps the channel open");
+            if let Some(signal) = self.handle(event) {
+                eprintln!(
+                    "{ME}: received {}; SIGKILL was already sent, still waiting for {} to end",
+                    signal_label(signal),
+                    ranks_list(self.ranks.iter().filter(|r| r.running()))
+                );
+            }
+        }
+    }
+
+    /// After every rank has ended, waits for their output to be drained. Output still open means
+    /// a process the rank started lives on; it is stopped like a rank, and if even SIGKILL to the
+    /// group does not close the output (the holder left the group), we give up on it.
+    fn drain_output(&mut self) {
+        let grace = self.grace.as_secs_f64();
+        match self.wait_all_done(Some(Instant::now() + self.grace)) {
+            Wait::Done => return,
+            Wait::TimedOut => self.stop(Start::Now(format!(
+                "they ended, but processes they started still hold their output open after {grace} s"
+            ))),
+            Wait::Signalled(s) => self.stop(Start::Now(launcher_received(s))),
+        }
+        if self.wait_all_done(Some(Instant::now() + self.grace)) != Wait::Done {
+            eprintln!(
+                "{ME}: not waiting any longer for the output of {}: a process outside their \
+                 process groups holds it open",
+                ranks_list(self.ranks.iter().filter(|r| r.live()))
+            );
+        }
+    }
+
+    /// Kills what is left in the groups, reaps the ranks, prints the summary and returns the
+    /// exit code.
+    fn finish(&mut self) -> i32 {
+        for rank in &mut self.ranks {
+            // A process that closed its output but stayed in the rank's group must not outlive
+            // the launcher either. The leader is still unreaped, so the group id is safe to use.
+            signal_group(rank.pid, libc::SIGKILL);
+            let _ = rank.child.wait();
+        }
+        let first = self.first_failure;
+        let failed = first
+            .into_iter()
+            .chain((0..self.ranks.len()).filter(|&i| Some(i) != first && self.ranks[i].failed()));
+        for index in failed {
+            let rank = &self.ranks[index];
+            let note = match (Some(index) == first, rank.stopped_with) {
+                (true, _) => " (failed first)".to_owned(),
+                (false, Some(signal)) => {
+                    format!(" (stopped by the launcher with {})", signal_label(signal))
+                }
+                (false, None) => String::new(),
+            };
+            let status = rank.status.expect("every rank has been reaped");
+            eprintln!(
+                "{ME}: summary: rank {} (pid {}) {}{note}",
+                rank.rank,
+                rank.pid,
+                describe(status)
+            );
+        }
+        let code = match (first, self.signal) {
+            (Some(index), _) => exit_code(self.ranks[index].status.expect("failed rank status")),
+            (None, Some(signal)) => 128 + signal,
+            (None, None) => 0,
+        };
+        if code != 0 {
+            eprintln!("{ME}: exiting with code {code}");
+        }
+        code
+    }
+
+    fn send_to_live(&mut self, signal: i32, when: &str) {
+        let live: Vec<usize> = (0..self.ranks.len())
+            .filter(|&i| self.ranks[i].live())
+            .collect();
+        if live.is_empty() {
+            return;
+        }
+        eprintln!(
+            "{ME}: sending {} to the process groups of {} ({when})",
+            signal_label(signal),
+            ranks_list(live.iter().map(|&i| &self.ranks[i]))
+        );
+        for index in live {
+            let rank = &mut self.ranks[index];
+            signal_group(rank.pid, signal);
+            if rank.running() {
+                rank.stopped_with = Some(signal);
+            }
+        }
+    }
+
+    /// Waits until every rank has ended and drained its output, the deadline passes, or the
+    /// launcher is signalled.
+    fn wait_all_done(&mut self, deadline: Option<Instant>) -> Wait {
+        while self.ranks.iter().any(Rank::live) {
+            let Some(event) = self.recv(deadline) else {
+                return Wait::TimedOut;
+            };
+            if let Some(signal) = self.handle(event) {
+                return Wait::Signalled(signal);
+            }
+        }
+        Wait::Done
+    }
+
+    /// The next event, or None once `deadline` has passed.
+    fn recv(&self, deadline: Option<Instant>) -> Option<Event> {
+        match deadline {
+            None => self.events.recv().ok(),
+            Some(deadline) => {
+                let left = deadline.saturating_duration_since(Instant::now());
+                self.events.recv_timeout(left).ok()
+            }
+        }
+    }
+}
+
+fn signal_label(signal: i32) -> String {
+    signal_name(signal).map_or_else(|| describe_signal(signal), str::to_owned)
+}
+
+fn launcher_received(signal: i32) -> String {
+    format!("the launcher received {}", signal_label(signal))
+}
+
+/// "rank 2" or "ranks 0, 1, 3".
+fn ranks_list<'a>(ranks: impl Iterator<Item = &'a Rank>) -> String {
+    let ids: Vec<String> = ranks.map(|r| r.rank.to_string()).collect();
+    match ids.len() {
+        0 => "no rank".to_owned(),
+        1 => format!("rank {}", ids[0]),
+        _ => format!("ranks {}", ids.join(", ")),
+    }
+}
