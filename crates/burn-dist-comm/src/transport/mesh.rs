@@ -41,11 +41,11 @@ pub(crate) fn connect(
     store.set(&addr_key(rank), addr.to_string().as_bytes())?;
 
     let mut links: Vec<Option<PeerLink>> = (0..world).map(|_| None).collect();
-    for peer in 0..rank {
+    for (peer, link) in links.iter_mut().enumerate().take(rank) {
         let peer_addr = peer_address(store, peer)?;
         let data = dial(peer_addr, peer, rank, world, token, DATA)?;
         let control = dial(peer_addr, peer, rank, world, token, CONTROL)?;
-        links[peer] = Some(PeerLink { data, control });
+        *link = Some(PeerLink { data, control });
     }
     accept_higher(
         &listener,
