@@ -1,6 +1,7 @@
 //! Joining a job: read the environment, meet at the store, connect the mesh.
 
 use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::Arc;
 
 use crate::communicator::HostCommunicator;
 use crate::env::{RankInfo, TOKEN_VAR};
@@ -11,7 +12,8 @@ use crate::{CommConfig, CommError, Result};
 /// This process's membership of a job: who it is, the store, and the host communicator.
 pub struct Group {
     pub info: RankInfo,
-    pub comm: HostCommunicator,
+    /// Shared, so that a reducer and the user's own collectives can use it at once.
+    pub comm: Arc<HostCommunicator>,
     pub store: StoreClient,
     /// The store itself, on rank 0; it must outlive the other ranks' use of it.
     _server: Option<StoreServer>,
@@ -48,7 +50,7 @@ impl Group {
         );
         Ok(Group {
             info,
-            comm,
+            comm: Arc::new(comm),
             store,
             _server: server,
         })

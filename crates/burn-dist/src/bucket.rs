@@ -1,0 +1,182 @@
+//! Bucket layout: a pure function from parameter sizes and an expected ready order to buckets.
+//!
+//! Gradients are copied into flat per-bucket buffers and each bucket is reduced as soon as its
+//! last gradient arrives, so buckets should fill in the order backward produces gradients. Before
+//! the first step that order is unknown and reverse visit order is the guess (backward visits
+//! layers last to first); after it, rank 0's observed order is broadcast and every rank rebuilds
+//! the same layout from it. The first bucket is small (1 MiB by default) so that communication
+//! starts early; the others are large (25 MiB) so that per-collective overhead stays small, as in
+//! PyTorch DDP.
+
+use burn::config::Config;
+
+/// Bucket sizes, in bytes of the f32 gradient buffer.
+#[derive(Config, Debug, PartialEq)]
+pub struct BucketConfig {
+    /// Cap of the first bucket: small, so that the first reduction starts early in backward.
+    #[config(default = 1048576)]
+    pub first_bucket_bytes: usize,
+    /// Cap of every other bucket.
+    #[config(default = 26214400)]
+    pub bucket_bytes: usize,
+}
+
+/// Bytes per element of the gradient buffers (f32).
+pub const GRAD_ELEM_BYTES: usize = 4;
+
+/// One bucket: parameters (indices in module visit order) laid out back to back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Bucket {
+    /// Parameters in the order they are expected to become ready.
+    pub params: Vec<usize>,
+    /// Element offset of each of `params` in the bucket buffer.
+    pub offsets: Vec<usize>,
+    /// Total elements.
+    pub len: usize,
+}
+
+/// Where every parameter's gradient lives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Layout {
+    pub buckets: Vec<Bucket>,
+    /// For parameter `i` (visit order): (bucket, element offset in it).
+    pub slot: Vec<(usize, usize)>,
+}
+
+impl Layout {
+    /// Lays out parameters of `numels` (visit order) in `order` (a permutation of
+    /// `0..numels.len()`, the expected ready order), closing a bucket once it reaches its cap.
+    /// A parameter larger than a cap gets a bucket of its own.
+    pub fn build(numels: &[usize], order: &[usize], config: &BucketConfig) -> Layout {
+        debug_assert!(
+            is_permutation(order, numels.len()),
+            "order must be a permutation"
+        );
+        let mut buckets = Vec::new();
+        let mut slot = vec![(0, 0); numels.len()];
+        let mut current = Bucket {
+            params: Vec::new(),
+            offsets: Vec::new(),
+            len: 0,
+        };
+        for &param in order {
+            slot[param] = (buckets.len(), current.len);
+            current.params.push(param);
+            current.offsets.push(current.len);
+            current.len += numels[param];
+            let cap = if buckets.is_empty() {
+                config.first_bucket_bytes
+            } else {
+                config.bucket_bytes
+            };
+            if current.len * GRAD_ELEM_BYTES >= cap {
+                buckets.push(std::mem::replace(
+                    &mut current,
+                    Bucket {
+                        params: Vec::new(),
+                        offsets: Vec::new(),
+                        len: 0,
+                    },
+                ));
+            }
+        }
+        if !current.params.is_empty() {
+            buckets.push(current);
+        }
+        Layout { buckets, slot }
+    }
+
+    /// The layout used before any order has been observed: reverse visit order.
+    pub fn initial(numels: &[usize], config: &BucketConfig) -> Layout {
+        let order: Vec<usize> = (0..numels.len()).rev().collect();
+        Layout::build(numels, &order, config)
+    }
+}
+
+/// Completes an observed ready order into a full order: the observed parameters first, then
+/// the ones that never arrived, in reverse visit order.
+pub fn complete_order(observed: &[usize], params: usize) -> Vec<usize> {
+    let mut seen = vec![false; params];
+    let mut order = Vec::with_capacity(params);
+    for &p in observed {
+        if p < params && !seen[p] {
+            seen[p] = true;
+            order.push(p);
+        }
+    }
+    order.extend((0..params).rev().filter(|&p| !seen[p]));
+    order
+}
+
+fn is_permutation(order: &[usize], n: usize) -> bool {
+    let mut seen = vec![false; n];
+    order.len() == n
+        && order
+            .iter()
+            .all(|&p| p < n && !std::mem::replace(&mut seen[p], true))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(first: usize, rest: usize) -> BucketConfig {
+        BucketConfig {
+            first_bucket_bytes: first,
+            bucket_bytes: rest,
+        }
+    }
+
+    #[test]
+    fn every_parameter_has_one_slot_inside_its_bucket() {
+        let numels = [10, 300, 7, 64, 64, 1, 500, 3];
+        let layout = Layout::initial(&numels, &config(100, 1000));
+        let mut count = 0;
+        for (b, bucket) in layout.buckets.iter().enumerate() {
+            assert_eq!(
+                bucket.len,
+                bucket.params.iter().map(|&p| numels[p]).sum::<usize>()
+            );
+            for (&p, &offset) in bucket.params.iter().zip(&bucket.offsets) {
+                assert_eq!(layout.slot[p], (b, offset));
+                count += 1;
+            }
+        }
+        assert_eq!(count, numels.len());
+    }
+
+    #[test]
+    fn first_bucket_is_small_and_the_rest_large() {
+        // 4-byte elements: first cap 40 bytes = 10 elements, then 400 bytes = 100 elements.
+        let numels = [5; 40];
+        let layout = Layout::initial(&numels, &config(40, 400));
+        let lens: Vec<usize> = layout.buckets.iter().map(|b| b.len).collect();
+        assert_eq!(lens, [10, 100, 90]);
+        // Reverse visit order: the last parameter is in the first bucket.
+        assert_eq!(layout.buckets[0].params, [39, 38]);
+    }
+
+    #[test]
+    fn oversized_parameter_gets_its_own_bucket() {
+        let layout = Layout::build(&[1, 1000, 1], &[0, 1, 2], &config(8, 8));
+        let params: Vec<_> = layout.buckets.iter().map(|b| b.params.clone()).collect();
+        assert_eq!(params, [vec![0, 1], vec![2]]);
+    }
+
+    #[test]
+    fn observed_order_is_completed_with_missing_parameters() {
+        assert_eq!(complete_order(&[2, 0], 4), [2, 0, 3, 1]);
+        assert_eq!(complete_order(&[], 3), [2, 1, 0]);
+        assert_eq!(complete_order(&[1, 1, 9], 2), [1, 0]);
+    }
+
+    #[test]
+    fn same_inputs_same_layout() {
+        let numels = [3, 9, 27, 81];
+        let order = complete_order(&[1, 3], 4);
+        assert_eq!(
+            Layout::build(&numels, &order, &config(16, 64)),
+            Layout::build(&numels, &order, &config(16, 64))
+        );
+    }
+}

@@ -1,0 +1,313 @@
+//! `Ddp`: the user's handle on data-parallel training.
+//!
+//! ```ignore
+//! type B = Autodiff<DistributedBackend<Flex>>;
+//! let mut ddp = Ddp::init(DdpConfig::new())?;          // joins the job (burn-dist-run sets the env)
+//! let mut model = ddp.prepare(model)?;                  // same weights everywhere, marked for sync
+//! loop {
+//!     let loss = model.forward(batch);                  // each rank its own shard of the data
+//!     if let Some(grads) = ddp.backward(loss, &model)? { // averaged over ranks during backward
+//!         model = optim.step(lr, model, grads);
+//!     }
+//! }
+//! ```
+//!
+//! Without gradient accumulation, plain Burn code works too: `loss.backward()` already returns
+//! averaged gradients, and `GradientsParams::from_grads` and the optimizer are unchanged.
+
+use std::sync::{Arc, Mutex};
+
+use burn::config::Config;
+use burn::module::{AutodiffModule, Module, ModuleVisitor, Param};
+use burn::optim::GradientsParams;
+use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::{Tensor, TensorData};
+use burn_dist_comm::{CommConfig, Communicator, Group, HostBuffer, HostCommunicator};
+
+use crate::bucket::{BucketConfig, Layout};
+use crate::context::{self, Scope, SharedReducer, lock};
+use crate::error::{DistError, Result};
+use crate::model::{Mark, Overwrite, ParamInfo, Survey, distributed_id, first_difference};
+use crate::reducer::{Reducer, ReducerEvent, ReducerStats};
+
+/// Settings of data-parallel training.
+#[derive(Config, Debug)]
+pub struct DdpConfig {
+    /// Gradient bucket sizes.
+    #[config(default = "BucketConfig::new()")]
+    pub buckets: BucketConfig,
+    /// Micro-batches per optimizer step. Only the last one of each window communicates; the
+    /// gradients handed to the optimizer are the mean over ranks and micro-batches.
+    #[config(default = 1)]
+    pub accumulation_steps: usize,
+}
+
+/// A rank's handle on data-parallel training: its communicator, its reducer, its model's
+/// parameters.
+pub struct Ddp {
+    comm: Arc<HostCommunicator>,
+    reducer: SharedReducer,
+    scope: Scope,
+    params: Vec<ParamInfo>,
+    accumulation: usize,
+    /// Keeps the store alive on rank 0 for as long as training runs.
+    _group: Option<Group>,
+}
+
+impl Ddp {
+    /// Joins the job described by the environment (`burn-dist-run`, torchrun or Slurm
+    /// variables) and installs the reducer for the whole process.
+    pub fn init(config: DdpConfig) -> Result<Ddp> {
+        let group = burn_dist_comm::init(CommConfig::default())?;
+        Ok(Ddp::new(
+            group.comm.clone(),
+            config,
+            Scope::Process,
+            Some(group),
+        ))
+    }
+
+    /// A rank of an in-process group (threads as ranks): the reducer serves the calling thread
+    /// only, so each thread must build and train its own model.
+    pub fn for_thread(comm: HostCommunicator, config: DdpConfig) -> Ddp {
+        Ddp::new(Arc::new(comm), config, Scope::Thread, None)
+    }
+
+    fn new(
+        comm: Arc<HostCommunicator>,
+        config: DdpConfig,
+        scope: Scope,
+        group: Option<Group>,
+    ) -> Ddp {
+        let accumulation = config.accumulation_steps.max(1);
+        let reducer = Reducer::new(comm.clone(), config.buckets.clone(), accumulation);
+        let reducer = Arc::new(Mutex::new(reducer));
+        context::install(scope, Some(reducer.clone()));
+        Ddp {
+            comm,
+            reducer,
+            scope,
+            params: Vec::new(),
+            accumulation,
+            _group: group,
+        }
+    }
+
+    pub fn rank(&self) -> usize {
+        self.comm.rank()
+    }
+
+    pub fn world_size(&self) -> usize {
+        self.comm.world_size()
+    }
+
+    /// Micro-batches per optimizer step.
+    pub fn accumulation_steps(&self) -> usize {
+        self.accumulation
+    }
+
+    /// The communicator, for the user's own collectives (e.g. averaging a metric).
+    pub fn communicator(&self) -> &HostCommunicator {
+        &self.comm
+    }
+
+    /// Makes `model` identical on every rank and ready for synchronized training: checks that
+    /// every rank has the same tensors (names, shapes, dtypes) and fails naming the first
+    /// difference, copies rank 0's values to every rank, registers the trainable parameters
+    /// with the reducer and marks them for gradient sync.
+    pub fn prepare<B: AutodiffBackend, M: Module<B>>(&mut self, model: M) -> Result<M> {
+        let survey = Survey::of::<B, M>(&model);
+        self.check_same_model(&survey.fingerprint)?;
+        let rank0 = self
+            .comm
+            .broadcast(HostBuffer::U8(survey.bytes), 0)
+            .wait()?;
+        let model = if self.rank() == 0 {
+            model
+        } else {
+            model.map(&mut Overwrite {
+                bytes: rank0.as_bytes(),
+                at: 0,
+            })
+        };
+        self.params = survey
+            .floats
+            .into_iter()
+            .filter(|p| p.require_grad)
+            .collect();
+        let ids: Vec<_> = self
+            .params
+            .iter()
+            .map(|p| (distributed_id(p.id), p.numel()))
+            .collect();
+        lock(&self.reducer).register(&ids);
+        Ok(self.mark(model))
+    }
+
+    /// Marks every trainable parameter for gradient sync. `prepare` does it, and Burn's
+    /// optimizers re-mark the parameters they update; with gradient accumulation call it before
+    /// the forward pass of every micro-batch, because each backward consumes the marks.
+    pub fn mark<B: AutodiffBackend, M: Module<B>>(&self, model: M) -> M {
+        model.map(&mut Mark)
+    }
+
+    /// Every rank gathers every rank's fingerprint, so every rank reports the same mismatch.
+    fn check_same_model(&self, fingerprint: &[String]) -> Result<()> {
+        let world = self.world_size();
+        let text = fingerprint.join("\n").into_bytes();
+        let lengths = self.comm.all_gather(
+            HostBuffer::U8((text.len() as u64).to_le_bytes().to_vec()),
+            8 * world,
+        );
+        let lengths: Vec<usize> = lengths
+            .wait()?
+            .as_bytes()
+            .chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")) as usize)
+            .collect();
+        let longest = lengths.iter().copied().max().unwrap_or(0);
+        let mut padded = text;
+        padded.resize(longest, 0);
+        let all = self
+            .comm
+            .all_gather(HostBuffer::U8(padded), longest * world)
+            .wait()?;
+        let lines = |r: usize| -> Vec<String> {
+            let bytes = &all.as_bytes()[r * longest..r * longest + lengths[r]];
+            String::from_utf8_lossy(bytes)
+                .lines()
+                .map(str::to_string)
+                .collect()
+        };
+        let rank0 = lines(0);
+        for rank in 1..world {
+            if let Some(difference) = first_difference(&rank0, &lines(rank), rank) {
+                return Err(DistError::ModelMismatch(difference));
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs `loss.backward()` for one micro-batch with gradients synchronized during it. On the
+    /// last micro-batch of an accumulation window (every call when not accumulating) returns the
+    /// gradients for the optimizer: the mean over ranks (and micro-batches), including
+    /// parameters this rank did not use but others did, and excluding parameters no rank used.
+    /// Fails, instead of training on unsynchronized gradients, if a collective failed or a
+    /// parameter with a gradient was not marked.
+    pub fn backward<B: AutodiffBackend, M: AutodiffModule<B>>(
+        &mut self,
+        loss: Tensor<B, 1>,
+        model: &M,
+    ) -> Result<Option<GradientsParams>> {
+        if self.params.is_empty() {
+            return Err(DistError::Usage(
+                "call `Ddp::prepare(model)` before `Ddp::backward`".into(),
+            ));
+        }
+        let (communicates, backwards_before) = {
+            let mut reducer = lock(&self.reducer);
+            reducer.caller_collects_errors = true;
+            reducer.hook_error = None;
+            (reducer.communicates_next(), reducer.stats().backwards)
+        };
+        let grads = loss.backward();
+        let mut reducer = lock(&self.reducer);
+        reducer.caller_collects_errors = false;
+        if let Some(error) = reducer.hook_error.take() {
+            return Err(error);
+        }
+        // Burn calls no hook when the loss reaches no marked parameter. The other ranks still
+        // reduce every bucket, so this rank takes part with zeros.
+        if reducer.stats().backwards == backwards_before {
+            reducer.start(&[])?;
+            reducer.finish()?;
+        }
+        let mut grads = GradientsParams::from_grads(grads, model);
+        let mut fix = CompleteGradients {
+            reducer: &reducer,
+            params: &self.params,
+            grads: &mut grads,
+            communicated: communicates,
+            next: 0,
+            error: None,
+        };
+        model.visit(&mut fix);
+        if let Some(error) = fix.error {
+            return Err(error);
+        }
+        Ok(communicates.then_some(grads))
+    }
+
+    pub fn stats(&self) -> ReducerStats {
+        lock(&self.reducer).stats()
+    }
+
+    /// The bucket layout in use.
+    pub fn layout(&self) -> Layout {
+        lock(&self.reducer).layout().clone()
+    }
+
+    /// The layout the next accumulation window will use.
+    pub fn next_layout(&self) -> Layout {
+        lock(&self.reducer).next_layout().clone()
+    }
+
+    /// The trainable parameters, in the reducer's order (module visit order).
+    pub fn params(&self) -> &[ParamInfo] {
+        &self.params
+    }
+
+    /// Installs a callback that runs inside the gradient hook (tests of overlap).
+    #[doc(hidden)]
+    pub fn set_observer(&self, observer: impl FnMut(&mut Reducer, ReducerEvent) + Send + 'static) {
+        lock(&self.reducer).set_observer(Some(Box::new(observer)));
+    }
+}
+
+impl Drop for Ddp {
+    fn drop(&mut self) {
+        context::install(self.scope, None);
+    }
+}
+
+/// After a backward: checks that every local gradient went through the reducer, and adds the
+/// reduced gradients of parameters that other ranks used but this one did not.
+struct CompleteGradients<'a> {
+    reducer: &'a Reducer,
+    params: &'a [ParamInfo],
+    grads: &'a mut GradientsParams,
+    communicated: bool,
+    next: usize,
+    error: Option<DistError>,
+}
+
+impl<B: AutodiffBackend> ModuleVisitor<B> for CompleteGradients<'_> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        let Some(info) = self
+            .params
+            .get(self.next)
+            .filter(|info| info.id == param.id)
+        else {
+            return; // not trainable: the reducer does not track it
+        };
+        let p = self.next;
+        self.next += 1;
+        let local = self.grads.get::<B::InnerBackend, D>(param.id).is_some();
+        if local && !self.reducer.arrived_last(p) {
+            self.error.get_or_insert(DistError::NotMarked {
+                param: p,
+                name: info.name.clone(),
+            });
+            return;
+        }
+        if self.communicated
+            && !local
+            && let Some(values) = self.reducer.reduced(p)
+        {
+            let device = param.val().device();
+            let data = TensorData::new(values, info.shape.clone()).convert_dtype(info.dtype);
+            let grad = Tensor::<B::InnerBackend, D>::from_data(data, &device);
+            self.grads.register(param.id, grad);
+        }
+    }
+}

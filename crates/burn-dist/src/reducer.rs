@@ -1,0 +1,412 @@
+//! The reducer: a small state machine fed by the backward hooks. It knows buffers, buckets and
+//! the communicator, not tensors or modules (the hooks in `sync.rs` convert).
+//!
+//! Per backward: `start` (the parameters in this rank's graph), `gradient` for each final
+//! gradient, `finish`. Gradients are copied into their bucket's flat f32 buffer; a bucket is
+//! all-reduced (average over ranks) as soon as its last expected gradient arrives, while backward
+//! goes on. Buckets are launched strictly in layout order, so every rank issues the same
+//! collectives in the same order whatever order its gradients arrive in.
+//!
+//! Gradient accumulation: with a window of K micro-batches the buffers accumulate the local sum
+//! over the window and only the K-th backward communicates; the result is the mean over ranks
+//! and micro-batches (the gradient of one step on the K × world × batch global batch).
+//!
+//! Parameters unused on this rank contribute zeros; a usage bitmap (max all-reduce, issued at
+//! the start of the communicating backward) tells every rank which parameters were used on none,
+//! and those get no gradient anywhere.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use burn::tensor::backend::distributed::DistributedParamId;
+use burn_dist_comm::{Communicator, HostBuffer, HostCommunicator, Pending, ReduceOp};
+
+use crate::bucket::{BucketConfig, Layout, complete_order};
+use crate::error::DistError;
+
+/// Counters for tests and benches.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReducerStats {
+    /// Collectives issued by the reducer (buckets, usage bitmaps, order broadcasts).
+    pub collectives: u64,
+    /// Gradient bytes copied into bucket buffers.
+    pub bytes_copied: u64,
+    /// Backward passes seen.
+    pub backwards: u64,
+    /// Times the layout was rebuilt from an observed ready order.
+    pub layout_rebuilds: u64,
+}
+
+/// What the reducer tells a test observer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReducerEvent {
+    /// The gradient of parameter `param` (visit order) arrived; `last` when it is the last one
+    /// this rank expects in this backward.
+    Gradient { param: usize, last: bool },
+}
+
+type Observer = Box<dyn FnMut(&mut Reducer, ReducerEvent) + Send>;
+
+/// State of the backward in progress.
+struct Step {
+    communicate: bool,
+    expected: Vec<bool>,
+    arrived: Vec<bool>,
+    /// Expected gradients still missing, per bucket.
+    remaining: Vec<usize>,
+    /// Buckets launched so far (always a prefix of the layout).
+    launched: usize,
+    pending: Vec<Option<Pending<HostBuffer>>>,
+    usage: Option<Pending<HostBuffer>>,
+    ready_order: Vec<usize>,
+    /// Where each arrived gradient lives in Burn's container (an erased `*mut FloatTensor`).
+    targets: Vec<Option<usize>>,
+}
+
+/// What a communicating backward leaves behind for write-back.
+pub(crate) struct Finished {
+    /// (parameter, erased pointer to its gradient in Burn's container).
+    pub targets: Vec<(usize, usize)>,
+}
+
+pub struct Reducer {
+    comm: Arc<HostCommunicator>,
+    config: BucketConfig,
+    numels: Vec<usize>,
+    index_of: HashMap<DistributedParamId, usize>,
+    layout: Layout,
+    /// A layout rebuilt from rank 0's ready order, swapped in when the next window starts.
+    next_layout: Option<Layout>,
+    rebuilt: bool,
+    accumulation: usize,
+    micro_batch: usize,
+    /// Per bucket: the window's local sum, then (after `finish`) the reduced mean.
+    buffers: Vec<Vec<f32>>,
+    written: Vec<bool>,
+    /// Which parameters produced a gradient in the last finished backward.
+    arrived_last: Vec<bool>,
+    used_in_window: Vec<bool>,
+    /// After a communicating backward: which parameters some rank used.
+    used_anywhere: Option<Vec<bool>>,
+    step: Option<Step>,
+    stats: ReducerStats,
+    observer: Option<Observer>,
+    /// Set by `Ddp::backward`: hook errors are kept for it instead of panicking.
+    pub(crate) caller_collects_errors: bool,
+    /// The first error a hook met in the current backward.
+    pub(crate) hook_error: Option<DistError>,
+}
+
+impl Reducer {
+    pub(crate) fn new(
+        comm: Arc<HostCommunicator>,
+        config: BucketConfig,
+        accumulation: usize,
+    ) -> Self {
+        Reducer {
+            comm,
+            config,
+            numels: Vec::new(),
+            index_of: HashMap::new(),
+            layout: Layout {
+                buckets: Vec::new(),
+                slot: Vec::new(),
+            },
+            next_layout: None,
+            rebuilt: false,
+            accumulation: accumulation.max(1),
+            micro_batch: 0,
+            buffers: Vec::new(),
+            written: Vec::new(),
+            arrived_last: Vec::new(),
+            used_in_window: Vec::new(),
+            used_anywhere: None,
+            step: None,
+            stats: ReducerStats::default(),
+            observer: None,
+            caller_collects_errors: false,
+            hook_error: None,
+        }
+    }
+
+    /// Registers the parameters to synchronize: their ids and element counts, in module visit
+    /// order. Resets the layout to the initial guess.
+    pub(crate) fn register(&mut self, params: &[(DistributedParamId, usize)]) {
+        self.numels = params.iter().map(|&(_, n)| n).collect();
+        self.index_of = params
+            .iter()
+            .enumerate()
+            .map(|(i, &(id, _))| (id, i))
+            .collect();
+        self.set_layout(Layout::initial(&self.numels, &self.config));
+        self.rebuilt = false;
+        self.micro_batch = 0;
+        self.step = None;
+        self.used_anywhere = None;
+    }
+
+    fn set_layout(&mut self, layout: Layout) {
+        self.buffers = layout.buckets.iter().map(|b| vec![0.0; b.len]).collect();
+        self.written = vec![false; self.numels.len()];
+        self.used_in_window = vec![false; self.numels.len()];
+        self.layout = layout;
+    }
+
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    pub fn stats(&self) -> ReducerStats {
+        self.stats.clone()
+    }
+
+    /// The index (visit order) of a marked parameter.
+    pub(crate) fn index(&self, id: DistributedParamId) -> Result<usize, DistError> {
+        self.index_of
+            .get(&id)
+            .copied()
+            .ok_or(DistError::UnknownParameter {
+                id: format!("{id:?}"),
+            })
+    }
+
+    /// Whether the next backward ends an accumulation window (and so communicates).
+    pub fn communicates_next(&self) -> bool {
+        self.micro_batch + 1 == self.accumulation
+    }
+
+    pub(crate) fn set_observer(&mut self, observer: Option<Observer>) {
+        self.observer = observer;
+    }
+
+    /// A backward begins; `ids` are the marked parameters in this rank's graph.
+    pub(crate) fn start(&mut self, ids: &[DistributedParamId]) -> Result<(), DistError> {
+        if self.step.is_some() {
+            tracing::warn!("a backward began before the previous one finished; discarding it");
+            self.step = None;
+        }
+        if self.micro_batch == 0 {
+            if let Some(layout) = self.next_layout.take() {
+                self.set_layout(layout);
+            }
+            self.written.fill(false);
+            self.used_in_window.fill(false);
+            self.used_anywhere = None;
+        }
+        let n = self.numels.len();
+        let mut expected = vec![false; n];
+        for &id in ids {
+            let p = self.index(id)?;
+            expected[p] = true;
+            self.used_in_window[p] = true;
+        }
+        let remaining = self
+            .layout
+            .buckets
+            .iter()
+            .map(|b| b.params.iter().filter(|&&p| expected[p]).count())
+            .collect();
+        let communicate = self.communicates_next();
+        let usage = communicate.then(|| {
+            let bitmap = self.used_in_window.iter().map(|&u| u8::from(u)).collect();
+            self.stats.collectives += 1;
+            self.comm.all_reduce(HostBuffer::U8(bitmap), ReduceOp::Max)
+        });
+        self.stats.backwards += 1;
+        self.step = Some(Step {
+            communicate,
+            expected,
+            arrived: vec![false; n],
+            remaining,
+            launched: 0,
+            pending: (0..self.layout.buckets.len()).map(|_| None).collect(),
+            usage,
+            ready_order: Vec::new(),
+            targets: vec![None; n],
+        });
+        // Buckets with nothing expected on this rank are ready at once.
+        self.launch_ready();
+        Ok(())
+    }
+
+    /// The final gradient of `id` for this backward, flattened to f32; `target` is where it lives.
+    pub(crate) fn gradient(
+        &mut self,
+        id: DistributedParamId,
+        values: &[f32],
+        target: usize,
+    ) -> Result<(), DistError> {
+        let p = self.index(id)?;
+        if values.len() != self.numels[p] {
+            return Err(DistError::GradientShape {
+                param: p,
+                expected: self.numels[p],
+                got: values.len(),
+            });
+        }
+        let step = self.step.as_mut().ok_or(DistError::NoBackward)?;
+        if step.arrived[p] {
+            return Err(DistError::DuplicateGradient { param: p });
+        }
+        let (b, offset) = self.layout.slot[p];
+        let slot = &mut self.buffers[b][offset..offset + values.len()];
+        if self.written[p] {
+            slot.iter_mut().zip(values).for_each(|(s, v)| *s += v);
+        } else {
+            slot.copy_from_slice(values);
+            self.written[p] = true;
+        }
+        self.used_in_window[p] = true;
+        self.stats.bytes_copied += (values.len() * 4) as u64;
+        step.arrived[p] = true;
+        step.targets[p] = Some(target);
+        step.ready_order.push(p);
+        if step.expected[p] {
+            step.remaining[b] -= 1;
+        }
+        let last = step.remaining.iter().all(|&r| r == 0);
+        self.launch_ready();
+        if let Some(mut observer) = self.observer.take() {
+            observer(self, ReducerEvent::Gradient { param: p, last });
+            self.observer = Some(observer);
+        }
+        Ok(())
+    }
+
+    /// Launches, in layout order, every bucket whose gradients are all in.
+    fn launch_ready(&mut self) {
+        let Some(step) = self.step.as_mut() else {
+            return;
+        };
+        if !step.communicate {
+            return;
+        }
+        while step.launched < self.layout.buckets.len() && step.remaining[step.launched] == 0 {
+            let b = step.launched;
+            let bucket = &self.layout.buckets[b];
+            // Parameters this rank never produced a gradient for in the window contribute zeros.
+            for (&p, &offset) in bucket.params.iter().zip(&bucket.offsets) {
+                if !self.written[p] {
+                    self.buffers[b][offset..offset + self.numels[p]].fill(0.0);
+                }
+            }
+            let buffer = std::mem::take(&mut self.buffers[b]);
+            step.pending[b] = Some(self.comm.all_reduce(HostBuffer::F32(buffer), ReduceOp::Avg));
+            self.stats.collectives += 1;
+            step.launched += 1;
+        }
+    }
+
+    /// Waits for bucket `b`'s reduction if it has been launched; returns whether it had been.
+    pub fn wait_bucket(&mut self, b: usize) -> Result<bool, DistError> {
+        let Some(step) = self.step.as_mut() else {
+            return Ok(false);
+        };
+        if b >= step.launched {
+            return Ok(false);
+        }
+        if let Some(pending) = step.pending[b].take() {
+            match pending.wait()? {
+                HostBuffer::F32(reduced) => self.buffers[b] = reduced,
+                other => unreachable!("an f32 all-reduce returned {:?}", other.dtype()),
+            }
+        }
+        Ok(true)
+    }
+
+    /// Whether parameter `p`'s gradient reached the reducer in the last finished backward.
+    pub(crate) fn arrived_last(&self, p: usize) -> bool {
+        self.arrived_last.get(p).copied().unwrap_or(false)
+    }
+
+    /// The backward is over. Non-communicating micro-batches return `None` (their gradients
+    /// stay in the window's buffers). The communicating one waits for every bucket, agrees on
+    /// which parameters were used, rebuilds the layout after the first such step, and returns
+    /// where to write the reduced gradients.
+    pub(crate) fn finish(&mut self) -> Result<Option<Finished>, DistError> {
+        let Some(step) = self.step.as_ref() else {
+            return Err(DistError::NoBackward);
+        };
+        self.arrived_last = step.arrived.clone();
+        if !step.communicate {
+            self.step = None;
+            self.micro_batch += 1;
+            return Ok(None);
+        }
+        // Expected gradients that never came (they should not exist) count as zeros.
+        if let Some(step) = self.step.as_mut()
+            && step.remaining.iter().any(|&r| r > 0)
+        {
+            tracing::warn!("some expected gradients did not arrive; reducing zeros for them");
+            step.remaining.fill(0);
+        }
+        self.launch_ready();
+        for b in 0..self.layout.buckets.len() {
+            self.wait_bucket(b)?;
+        }
+        let mut step = self.step.take().expect("a step in progress");
+        let usage = step
+            .usage
+            .take()
+            .expect("a communicating step has a usage bitmap")
+            .wait()?;
+        let HostBuffer::U8(usage) = usage else {
+            unreachable!("u8 bitmap")
+        };
+        self.used_anywhere = Some(usage.iter().map(|&u| u > 0).collect());
+        if !self.rebuilt {
+            self.rebuild_from_rank0(&step.ready_order)?;
+        }
+        self.micro_batch = 0;
+        let targets = step
+            .targets
+            .iter()
+            .enumerate()
+            .filter_map(|(p, t)| t.map(|t| (p, t)))
+            .collect();
+        Ok(Some(Finished { targets }))
+    }
+
+    /// Rank 0's observed ready order, broadcast, becomes everyone's next layout.
+    fn rebuild_from_rank0(&mut self, observed: &[usize]) -> Result<(), DistError> {
+        let order = complete_order(observed, self.numels.len());
+        let bytes: Vec<u8> = order
+            .iter()
+            .flat_map(|&p| (p as u32).to_le_bytes())
+            .collect();
+        self.stats.collectives += 1;
+        let HostBuffer::U8(bytes) = self.comm.broadcast(HostBuffer::U8(bytes), 0).wait()? else {
+            unreachable!("u8 broadcast")
+        };
+        let order: Vec<usize> = bytes
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes(c.try_into().expect("4")) as usize)
+            .collect();
+        self.next_layout = Some(Layout::build(&self.numels, &order, &self.config));
+        self.rebuilt = true;
+        self.stats.layout_rebuilds += 1;
+        Ok(())
+    }
+
+    /// After a communicating backward: the mean gradient of parameter `p` over ranks and the
+    /// window, or `None` when no rank used it.
+    pub fn reduced(&self, p: usize) -> Option<Vec<f32>> {
+        let used = self.used_anywhere.as_ref()?;
+        if !used[p] {
+            return None;
+        }
+        let (b, offset) = self.layout.slot[p];
+        let scale = 1.0 / self.accumulation as f32;
+        let values = &self.buffers[b][offset..offset + self.numels[p]];
+        Some(if self.accumulation == 1 {
+            values.to_vec()
+        } else {
+            values.iter().map(|v| v * scale).collect()
+        })
+    }
+
+    /// The layout the next window will use (after the first step, the rebuilt one).
+    pub fn next_layout(&self) -> &Layout {
+        self.next_layout.as_ref().unwrap_or(&self.layout)
+    }
+}

@@ -1,0 +1,100 @@
+//! Entry points from Burn's backward hooks into the rank's gradient reducer.
+//!
+//! Burn calls them on the thread running `backward()`: `on_backward_start` with the marked
+//! parameters of the graph, `on_gradient_ready` with each one's final gradient (a pointer into
+//! the `Gradients` container, valid until that container is dropped), and `on_backward_end`
+//! before `backward()` returns, where the reduced gradients are written back in place.
+//!
+//! The hooks cannot return errors. Under `Ddp::backward` an error is kept and returned from
+//! there; in a plain `loss.backward()` it panics with the reason, because training on with
+//! unsynchronized gradients would silently diverge the replicas.
+
+use burn::tensor::TensorData;
+use burn::tensor::backend::Backend;
+use burn::tensor::backend::distributed::{DistributedParams, TensorRef};
+use burn::tensor::read_sync;
+use burn_backend::TensorMetadata;
+
+use crate::DistributedBackend;
+use crate::context::{self, lock};
+use crate::error::DistError;
+use crate::reducer::Reducer;
+
+fn report(reducer: &mut Reducer, error: DistError) {
+    if !reducer.caller_collects_errors {
+        panic!("burn-dist: gradient synchronization failed: {error}");
+    }
+    reducer.hook_error.get_or_insert(error);
+}
+
+/// Called by `register_sync_parameters` at the start of a backward pass that has marked parameters.
+pub(crate) fn on_backward_start<B: Backend>(_device: &B::Device, params: Vec<DistributedParams>) {
+    let Some(shared) = context::current() else {
+        return;
+    };
+    let mut reducer = lock(&shared);
+    reducer.hook_error = None;
+    let ids: Vec<_> = params.iter().map(|p| p.param_id).collect();
+    if let Err(error) = reducer.start(&ids) {
+        report(&mut reducer, error);
+    }
+}
+
+/// Called by `submit_gradient_sync` when a marked parameter's gradient is final.
+pub(crate) fn on_gradient_ready<B: Backend>(
+    tensor: TensorRef<DistributedBackend<B>>,
+    params: DistributedParams,
+) {
+    let Some(shared) = context::current() else {
+        return;
+    };
+    // Read before locking: on an accelerator this waits for the kernels that produced it.
+    // SAFETY: Burn hands us a pointer into its live gradient container and does not touch that
+    // entry again during this backward (the gradient is final).
+    let grad = unsafe { (*tensor.0).clone() };
+    let values =
+        read_sync(B::float_into_data(grad)).map(|data| data.convert::<f32>().into_vec::<f32>());
+    let mut reducer = lock(&shared);
+    if reducer.hook_error.is_some() {
+        return;
+    }
+    let result = match values {
+        Ok(Ok(values)) => reducer.gradient(params.param_id, &values, tensor.0 as usize),
+        Ok(Err(e)) => Err(DistError::Usage(format!(
+            "reading a gradient as f32: {e:?}"
+        ))),
+        Err(e) => Err(DistError::Usage(format!(
+            "reading a gradient from the device: {e:?}"
+        ))),
+    };
+    if let Err(error) = result {
+        report(&mut reducer, error);
+    }
+}
+
+/// Called by `submit_sync_collective` at the end of a backward pass that had marked parameters.
+pub(crate) fn on_backward_end<B: Backend>(device: &B::Device) {
+    let Some(shared) = context::current() else {
+        return;
+    };
+    let mut reducer = lock(&shared);
+    if reducer.hook_error.is_some() {
+        return;
+    }
+    match reducer.finish() {
+        Ok(None) => {}
+        Ok(Some(finished)) => {
+            for (param, target) in finished.targets {
+                let values = reducer
+                    .reduced(param)
+                    .expect("a gradient that arrived was used");
+                let target = target as *mut B::FloatTensorPrimitive;
+                // SAFETY: as in `on_gradient_ready`; the container outlives this call.
+                let local = unsafe { &*target };
+                let data = TensorData::new(values, local.shape()).convert_dtype(local.dtype());
+                unsafe { *target = B::float_from_data(data, device) };
+            }
+        }
+        Err(error) => report(&mut reducer, error),
+    }
+}

@@ -1,0 +1,354 @@
+//! Data-parallel training with in-process ranks (threads) on `Autodiff<DistributedBackend<Flex>>`
+//! against a one-rank reference on the concatenated batch.
+
+use std::sync::{Arc, Mutex};
+
+use burn::backend::Autodiff;
+use burn::optim::{AdamConfig, Optimizer};
+use burn::tensor::Tensor;
+use burn_dist::testing::{
+    MLP_SIZES as MLP, Mlp, TransformerBlock, parameters, relative_error, shard_rows,
+    synthetic_rows, train_synthetic_mlp,
+};
+use burn_dist::{BucketConfig, Ddp, DdpConfig, DistError, DistributedBackend, ReducerEvent};
+use burn_dist_comm::testing::run_ranks;
+use burn_dist_comm::{CommConfig, HostCommunicator};
+use burn_flex::{Flex, FlexDevice};
+
+type B = Autodiff<DistributedBackend<Flex>>;
+
+const STEPS: usize = 20;
+const LR: f64 = 1e-2;
+const TOLERANCE: f64 = 1e-5;
+/// Divisible by 1, 2, 3 and 4.
+const GLOBAL_BATCH: usize = 12;
+
+/// Buckets small enough that the test models span several of them.
+fn config() -> DdpConfig {
+    DdpConfig::new().with_buckets(
+        BucketConfig::new()
+            .with_first_bucket_bytes(1024)
+            .with_bucket_bytes(4096),
+    )
+}
+
+fn comms(world: usize) -> Vec<HostCommunicator> {
+    HostCommunicator::local_group(world, &CommConfig::default())
+}
+
+fn rows<const D: usize>(
+    stream: usize,
+    step: usize,
+    shape: [usize; D],
+    rows: std::ops::Range<usize>,
+) -> Tensor<B, D> {
+    synthetic_rows::<B, D>(stream, step, shape, rows, &FlexDevice)
+}
+
+fn shard(rank: usize, world: usize) -> std::ops::Range<usize> {
+    shard_rows(GLOBAL_BATCH, rank, world)
+}
+
+/// Trains the MLP with `world` ranks and returns each rank's final parameters.
+fn train_mlp(world: usize, ddp_config: DdpConfig) -> Vec<Vec<Vec<f32>>> {
+    run_ranks(comms(world), |_, comm| {
+        let mut ddp = Ddp::for_thread(comm, ddp_config.clone());
+        train_synthetic_mlp::<B>(&mut ddp, STEPS, GLOBAL_BATCH, LR, &FlexDevice, |_, _| {}).unwrap()
+    })
+}
+
+fn assert_close(got: &[Vec<f32>], reference: &[Vec<f32>], what: &str) {
+    assert_eq!(got.len(), reference.len());
+    for (i, (a, b)) in got.iter().zip(reference).enumerate() {
+        let error = relative_error(a, b);
+        assert!(
+            error <= TOLERANCE,
+            "{what}: tensor {i} differs from the reference by {error:e}"
+        );
+    }
+}
+
+fn assert_replicas_identical(ranks: &[Vec<Vec<f32>>]) {
+    for (rank, params) in ranks.iter().enumerate() {
+        assert!(
+            params == &ranks[0],
+            "rank {rank}'s parameters differ from rank 0's"
+        );
+    }
+}
+
+#[test]
+fn n_ranks_equal_one_rank_on_the_concatenated_batch_mlp() {
+    let reference = train_mlp(1, config()).remove(0);
+    for world in 2..=4 {
+        let ranks = train_mlp(world, config());
+        assert_replicas_identical(&ranks);
+        assert_close(&ranks[0], &reference, &format!("MLP, {world} ranks"));
+    }
+}
+
+#[test]
+fn n_ranks_equal_one_rank_on_the_concatenated_batch_transformer() {
+    const SEQ: usize = 5;
+    const D_MODEL: usize = 16;
+    let train = |world: usize| {
+        run_ranks(comms(world), |rank, comm| {
+            let mut ddp = Ddp::for_thread(comm, config());
+            let mut model = ddp
+                .prepare(TransformerBlock::<B>::new(D_MODEL, 2, 11, &FlexDevice))
+                .unwrap();
+            let mut optim = AdamConfig::new().init();
+            for step in 0..STEPS {
+                let x = rows(2, step, [GLOBAL_BATCH, SEQ, D_MODEL], shard(rank, world));
+                let y = rows(3, step, [GLOBAL_BATCH, SEQ, D_MODEL], shard(rank, world));
+                let loss = (model.forward(x) - y).powi_scalar(2).mean();
+                let grads = ddp.backward(loss, &model).unwrap().unwrap();
+                model = optim.step(LR, model, grads);
+            }
+            assert!(
+                ddp.layout().buckets.len() >= 3,
+                "the model should span at least 3 buckets"
+            );
+            parameters::<B, _>(&model)
+        })
+    };
+    let reference = train(1).remove(0);
+    for world in 2..=4 {
+        let ranks = train(world);
+        assert_replicas_identical(&ranks);
+        assert_close(
+            &ranks[0],
+            &reference,
+            &format!("transformer, {world} ranks"),
+        );
+    }
+}
+
+#[test]
+fn accumulation_of_4_micro_batches_equals_one_step_on_4_times_the_batch() {
+    let reference = train_mlp(1, config()).remove(0);
+    let ranks = train_mlp(3, config().with_accumulation_steps(4));
+    assert_replicas_identical(&ranks);
+    assert_close(&ranks[0], &reference, "3 ranks x 4 micro-batches");
+}
+
+#[test]
+fn collectives_are_issued_only_on_the_last_micro_batch() {
+    let counts = run_ranks(comms(2), |rank, comm| {
+        let mut ddp = Ddp::for_thread(comm, config().with_accumulation_steps(4));
+        let mut model = ddp.prepare(Mlp::<B>::new(&MLP, 7, &FlexDevice)).unwrap();
+        let mut counts = Vec::new();
+        for m in 0..4 {
+            model = ddp.mark(model);
+            let before = ddp.stats().collectives;
+            let x = rows(0, m, [GLOBAL_BATCH, MLP[0]], shard(rank, 2));
+            let returned = ddp
+                .backward(model.forward(x).mean(), &model)
+                .unwrap()
+                .is_some();
+            counts.push((ddp.stats().collectives - before, returned));
+        }
+        (counts, ddp.layout().buckets.len())
+    });
+    for (counts, buckets) in counts {
+        assert_eq!(
+            &counts[..3],
+            &[(0, false); 3],
+            "micro-batches 1-3 must not communicate"
+        );
+        // Last one: every bucket, the usage bitmap, and the one-time ready-order broadcast.
+        assert_eq!(counts[3], (buckets as u64 + 2, true));
+    }
+}
+
+#[test]
+fn bucket_layout_is_identical_everywhere_and_rebuilt_from_rank_0_after_step_1() {
+    let layouts = run_ranks(comms(3), |rank, comm| {
+        let mut ddp = Ddp::for_thread(comm, config());
+        let mut model = ddp.prepare(Mlp::<B>::new(&MLP, 7, &FlexDevice)).unwrap();
+        let initial = ddp.layout();
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let seen = order.clone();
+        ddp.set_observer(move |_, ReducerEvent::Gradient { param, .. }| {
+            seen.lock().unwrap().push(param)
+        });
+        let x = rows(0, 0, [GLOBAL_BATCH, MLP[0]], shard(rank, 3));
+        let grads = ddp
+            .backward(model.forward(x).mean(), &model)
+            .unwrap()
+            .unwrap();
+        model = AdamConfig::new().init().step(LR, model, grads);
+        let rebuilt = ddp.next_layout();
+        let observed = order.lock().unwrap().clone();
+        drop(model);
+        (initial, rebuilt, observed, ddp.stats().layout_rebuilds)
+    });
+    let numels: Vec<usize> = (0..MLP.len() - 1)
+        .flat_map(|i| [MLP[i] * MLP[i + 1], MLP[i + 1]])
+        .collect();
+    let rank0_order = burn_dist::bucket::complete_order(&layouts[0].2, numels.len());
+    let expected = burn_dist::bucket::Layout::build(&numels, &rank0_order, &config().buckets);
+    for (initial, rebuilt, _, rebuilds) in &layouts {
+        assert_eq!(initial, &layouts[0].0);
+        assert_eq!(rebuilt, &expected, "rebuilt from rank 0's observed order");
+        assert_eq!(*rebuilds, 1);
+    }
+    assert!(expected.buckets.len() >= 3);
+}
+
+#[test]
+fn first_bucket_is_reduced_before_the_last_gradient_hook_fires() {
+    let overlapped = run_ranks(comms(2), |rank, comm| {
+        let mut ddp = Ddp::for_thread(comm, config());
+        let model = ddp.prepare(Mlp::<B>::new(&MLP, 7, &FlexDevice)).unwrap();
+        let result = Arc::new(Mutex::new(None));
+        let out = result.clone();
+        // Inside the last gradient hook, before backward has returned: was bucket 0 already
+        // launched, and does its reduction complete (the peer, also still in backward, serves it)?
+        ddp.set_observer(move |reducer, event| {
+            if let ReducerEvent::Gradient { last: true, .. } = event {
+                *out.lock().unwrap() = Some(reducer.wait_bucket(0).unwrap());
+            }
+        });
+        let x = rows(0, 0, [GLOBAL_BATCH, MLP[0]], shard(rank, 2));
+        ddp.backward(model.forward(x).mean(), &model).unwrap();
+        let buckets = ddp.layout().buckets.len();
+        (result.lock().unwrap().take(), buckets)
+    });
+    for (done, buckets) in overlapped {
+        assert!(buckets >= 3);
+        assert_eq!(
+            done,
+            Some(true),
+            "bucket 0 was not reduced while backward still ran"
+        );
+    }
+}
+
+/// Two MLP branches; virtual rank `r` of `virtual_ranks` uses the second one unless `unused_on(r)`.
+/// Trained with `world` real ranks (each a shard of virtual ranks): with `world = 1` this is the
+/// one-process reference, whose loss is the mean of the virtual ranks' losses.
+fn train_with_unused(
+    world: usize,
+    virtual_ranks: usize,
+    unused_on: &(dyn Fn(usize) -> bool + Sync),
+) -> Vec<(Vec<Vec<f32>>, bool)> {
+    run_ranks(comms(world), |rank, comm| {
+        let mut ddp = Ddp::for_thread(comm, config());
+        let branches: Vec<Mlp<B>> = (0..2).map(|i| Mlp::new(&MLP, 7 + i, &FlexDevice)).collect();
+        let mut model = ddp.prepare(branches).unwrap();
+        let mut optim = AdamConfig::new().init();
+        let mut second_got_grad = false;
+        let per_rank = virtual_ranks / world;
+        for step in 0..3 {
+            let losses: Vec<Tensor<B, 1>> = (rank * per_rank..(rank + 1) * per_rank)
+                .map(|v| {
+                    let x = || rows(0, step, [GLOBAL_BATCH, MLP[0]], shard(v, virtual_ranks));
+                    let mut out = model[0].forward(x());
+                    if !unused_on(v) {
+                        out = out + model[1].forward(x());
+                    }
+                    out.powi_scalar(2).mean()
+                })
+                .collect();
+            let loss = Tensor::cat(losses, 0).mean();
+            let grads = ddp.backward(loss, &model).unwrap().unwrap();
+            second_got_grad |= grads
+                .get::<DistributedBackend<Flex>, 2>(model[1].layers[0].weight.id)
+                .is_some();
+            model = optim.step(LR, model, grads);
+        }
+        (parameters::<B, _>(&model), second_got_grad)
+    })
+}
+
+#[test]
+fn parameter_unused_on_one_rank_gets_the_averaged_gradient_everywhere() {
+    let reference = train_with_unused(1, 3, &|rank| rank == 1).remove(0).0;
+    let ranks = train_with_unused(3, 3, &|rank| rank == 1);
+    let params: Vec<_> = ranks.iter().map(|(p, _)| p.clone()).collect();
+    assert_replicas_identical(&params);
+    assert_close(&params[0], &reference, "second branch unused on rank 1");
+    assert!(
+        ranks.iter().all(|(_, got)| *got),
+        "every rank must get the second branch's gradient"
+    );
+}
+
+#[test]
+fn parameter_unused_on_every_rank_gets_no_gradient_anywhere() {
+    let reference = train_with_unused(1, 2, &|_| true).remove(0).0;
+    let ranks = train_with_unused(2, 2, &|_| true);
+    let params: Vec<_> = ranks.iter().map(|(p, _)| p.clone()).collect();
+    assert_replicas_identical(&params);
+    assert_close(&params[0], &reference, "second branch unused everywhere");
+    assert!(
+        ranks.iter().all(|(_, got)| !*got),
+        "no rank used it, so no rank gets a gradient"
+    );
+    // And it was not updated: still its initial values.
+    let initial = parameters::<B, _>(&Mlp::<B>::new(&MLP, 8, &FlexDevice));
+    assert_eq!(&params[0][initial.len()..], &initial[..]);
+}
+
+#[test]
+fn mismatched_models_fail_naming_the_first_differing_parameter() {
+    let errors = run_ranks(comms(3), |rank, comm| {
+        let mut ddp = Ddp::for_thread(comm, config());
+        let sizes: &[usize] = if rank == 2 { &[16, 48, 40, 8] } else { &MLP };
+        ddp.prepare(Mlp::<B>::new(sizes, 7, &FlexDevice))
+            .err()
+            .map(|e| e.to_string())
+    });
+    for error in errors {
+        let error = error.expect("every rank must fail");
+        assert!(
+            error.contains("tensor #2 is `param layers.1.weight [48, 40] F32` on rank 2 but `param layers.1.weight [48, 48] F32` on rank 0"),
+            "{error}"
+        );
+    }
+}
+
+#[test]
+fn start_up_copies_rank_0_weights_to_every_rank() {
+    let ranks = run_ranks(comms(3), |rank, comm| {
+        let mut ddp = Ddp::for_thread(comm, config());
+        // Different seeds on purpose: prepare must make them equal.
+        let model = ddp
+            .prepare(Mlp::<B>::new(&MLP, rank as u64, &FlexDevice))
+            .unwrap();
+        parameters::<B, _>(&model)
+    });
+    assert_replicas_identical(&ranks);
+    assert_eq!(
+        ranks[0],
+        parameters::<B, _>(&Mlp::<B>::new(&MLP, 0, &FlexDevice))
+    );
+}
+
+#[test]
+fn forgetting_to_mark_micro_batches_is_an_error_not_a_silent_divergence() {
+    let errors = run_ranks(comms(2), |rank, comm| {
+        let mut ddp = Ddp::for_thread(comm, config().with_accumulation_steps(2));
+        let model = ddp.prepare(Mlp::<B>::new(&MLP, 7, &FlexDevice)).unwrap();
+        let x = || rows(0, 0, [GLOBAL_BATCH, MLP[0]], shard(rank, 2));
+        ddp.backward(model.forward(x()).mean(), &model).unwrap();
+        // No `ddp.mark(model)`: Burn consumed the marks in the first backward.
+        ddp.backward(model.forward(x()).mean(), &model).err()
+    });
+    for error in errors {
+        assert!(
+            matches!(error, Some(DistError::NotMarked { .. })),
+            "{error:?}"
+        );
+    }
+}
+
+#[test]
+fn module_without_ddp_is_untouched_by_the_hooks() {
+    // No reducer installed on this thread: hooks do nothing and backward is plain Burn's.
+    let model = Mlp::<B>::new(&MLP, 7, &FlexDevice);
+    let x = rows(0, 0, [GLOBAL_BATCH, MLP[0]], 0..GLOBAL_BATCH);
+    let grads = model.forward(x).mean().backward();
+    assert!(model.layers[0].weight.grad(&grads).is_some());
+}

@@ -1,0 +1,86 @@
+//! 2, 3 and 4 real processes through `burn-dist-run` train to the parameters of one in-process
+//! rank on the concatenated batch.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use burn::backend::Autodiff;
+use burn_dist::testing::{relative_error, train_synthetic_mlp};
+use burn_dist::{Ddp, DdpConfig, DistributedBackend};
+use burn_dist_comm::{CommConfig, HostCommunicator};
+use burn_flex::{Flex, FlexDevice};
+
+type B = Autodiff<DistributedBackend<Flex>>;
+
+const STEPS: usize = 20;
+
+/// `burn-dist-run`, built by the same `cargo test --workspace` next to this test's binary.
+fn launcher() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    let dir = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("target dir");
+    let launcher = dir.join("burn-dist-run");
+    assert!(
+        launcher.exists(),
+        "{} is missing: build it first (`cargo xtask test` and `cargo xtask integration` do)",
+        launcher.display()
+    );
+    launcher
+}
+
+fn reference() -> Vec<Vec<f32>> {
+    let comm = HostCommunicator::local_group(1, &CommConfig::default()).remove(0);
+    let mut ddp = Ddp::for_thread(comm, DdpConfig::new());
+    train_synthetic_mlp::<B>(&mut ddp, STEPS, 12, 1e-2, &FlexDevice, |_, _| {}).unwrap()
+}
+
+fn launched(world: usize) -> Vec<f32> {
+    let out = std::env::temp_dir().join(format!("mlp-ddp-{}-{world}.bin", std::process::id()));
+    let status = Command::new(launcher())
+        .args([
+            "--nproc-per-node",
+            &world.to_string(),
+            "--master-port",
+            "0",
+            "--",
+        ])
+        .arg(env!("CARGO_BIN_EXE_mlp-ddp"))
+        .args([
+            "--steps",
+            &STEPS.to_string(),
+            "--global-batch",
+            "12",
+            "--out",
+        ])
+        .arg(&out)
+        .env("BURN_DIST_TIMEOUT_SECS", "120")
+        .status()
+        .expect("running burn-dist-run");
+    assert!(status.success(), "{world} ranks: {status}");
+    let bytes = std::fs::read(&out).expect("rank 0's parameters");
+    std::fs::remove_file(&out).ok();
+    bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+#[test]
+fn processes_through_the_launcher_equal_one_rank_on_the_concatenated_batch() {
+    let reference = reference();
+    for world in 2..=4 {
+        let got = launched(world);
+        assert_eq!(got.len(), reference.iter().map(Vec::len).sum::<usize>());
+        let mut at = 0;
+        for (i, tensor) in reference.iter().enumerate() {
+            let error = relative_error(&got[at..at + tensor.len()], tensor);
+            assert!(
+                error <= 1e-5,
+                "{world} processes: tensor {i} differs from the reference by {error:e}"
+            );
+            at += tensor.len();
+        }
+    }
+}
