@@ -28,6 +28,7 @@ use crate::bucket::{BucketConfig, Layout};
 use crate::context::{self, Scope, SharedReducer, lock};
 use crate::error::{DistError, Result};
 use crate::model::{Mark, Overwrite, ParamInfo, Survey, distributed_id, first_difference};
+use crate::random::RandomStream;
 use crate::reducer::{Reducer, ReducerEvent, ReducerStats};
 
 /// Settings of data-parallel training.
@@ -236,6 +237,22 @@ impl Ddp {
             return Err(error);
         }
         Ok(communicates.then_some(grads))
+    }
+
+    /// Restarts this rank's random stream at (seed, rank, step 0). Random ops (dropout,
+    /// initializers) of `DistributedBackend` draw from it while this `Ddp` lives: reproducible,
+    /// and different on every rank. See [`crate::random`].
+    pub fn seed(&self, seed: u64) {
+        let mut reducer = lock(&self.reducer);
+        reducer.random = RandomStream::new(seed, self.rank());
+    }
+
+    /// Keys the random stream on `step` (its op counter restarts), so that the draws of a step
+    /// do not depend on how many random ops earlier steps made, e.g. after a resume.
+    pub fn set_step(&self, step: u64) {
+        let mut reducer = lock(&self.reducer);
+        reducer.random.step = step;
+        reducer.random.counter = 0;
     }
 
     pub fn stats(&self) -> ReducerStats {

@@ -33,6 +33,7 @@ mod context;
 mod ddp;
 mod error;
 mod model;
+pub mod random;
 mod reducer;
 pub mod sampler;
 mod sync;

@@ -23,6 +23,7 @@ use burn_dist_comm::{Communicator, HostBuffer, HostCommunicator, Pending, Reduce
 
 use crate::bucket::{BucketConfig, Layout, complete_order};
 use crate::error::DistError;
+use crate::random::RandomStream;
 
 /// Counters for tests and benches.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -95,6 +96,8 @@ pub struct Reducer {
     pub(crate) caller_collects_errors: bool,
     /// The first error a hook met in the current backward.
     pub(crate) hook_error: Option<DistError>,
+    /// The rank's random stream (it lives here because this is the per-rank context).
+    pub(crate) random: RandomStream,
 }
 
 impl Reducer {
@@ -104,7 +107,6 @@ impl Reducer {
         accumulation: usize,
     ) -> Self {
         Reducer {
-            comm,
             config,
             numels: Vec::new(),
             index_of: HashMap::new(),
@@ -126,6 +128,8 @@ impl Reducer {
             observer: None,
             caller_collects_errors: false,
             hook_error: None,
+            random: RandomStream::new(0, comm.rank()),
+            comm,
         }
     }
 

@@ -352,3 +352,40 @@ fn module_without_ddp_is_untouched_by_the_hooks() {
     let grads = model.forward(x).mean().backward();
     assert!(model.layers[0].weight.grad(&grads).is_some());
 }
+
+#[test]
+fn dropout_is_reproducible_and_differs_across_ranks_and_steps() {
+    use burn::nn::DropoutConfig;
+    let run = |world: usize| {
+        run_ranks(comms(world), |_, comm| {
+            let ddp = Ddp::for_thread(comm, config());
+            ddp.seed(5);
+            let dropout = DropoutConfig::new(0.5).init();
+            let x = Tensor::<B, 2>::ones([4, 64], &FlexDevice);
+            (0..2)
+                .map(|step| {
+                    ddp.set_step(step);
+                    dropout
+                        .forward(x.clone())
+                        .into_data()
+                        .to_vec::<f32>()
+                        .unwrap()
+                })
+                .collect::<Vec<_>>()
+        })
+    };
+    let two = run(2);
+    assert_eq!(two, run(2), "same seed, same masks");
+    assert_ne!(two[0], two[1], "ranks must draw different masks");
+    assert_ne!(two[0][0], two[0][1], "steps must draw different masks");
+    assert_eq!(
+        two[0],
+        run(1)[0],
+        "rank 0's stream does not depend on the world size"
+    );
+    let kept = two[0][0].iter().filter(|&&v| v != 0.0).count();
+    assert!(
+        (64..=192).contains(&kept),
+        "about half of 256 kept, got {kept}"
+    );
+}

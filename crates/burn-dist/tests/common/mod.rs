@@ -416,10 +416,29 @@ fn parse_signature(sig: &str, provided: bool) -> Method {
     }
 }
 
-/// The `forward!` list for `methods`, one line each, indented for the macro body.
-pub fn generated_list(methods: &[Method]) -> String {
+/// The names in a file's `by_hand [...]` list: methods it writes out in full, either because
+/// they cannot go through `forward!` or because `DistributedBackend` changes what they do.
+pub fn hand_written(file_text: &str) -> Vec<String> {
+    let Some(start) = file_text.find("by_hand [") else {
+        return Vec::new();
+    };
+    let list = &file_text[start + "by_hand [".len()..];
+    let list = &list[..list.find(']').unwrap_or(0)];
+    list.split(',')
+        .map(str::trim)
+        .filter(|n| !n.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+/// The `forward!` list for `methods`, one line each, indented for the macro body, leaving out
+/// the methods the file writes by hand (`hand_written`).
+pub fn generated_list(methods: &[Method], hand_written: &[String]) -> String {
     let mut out = String::new();
-    for m in methods.iter().filter(|m| !m.by_hand()) {
+    for m in methods
+        .iter()
+        .filter(|m| !m.by_hand() && !hand_written.contains(&m.name))
+    {
         out.push_str("    ");
         out.push_str(&m.list_line());
         out.push('\n');

@@ -10,10 +10,20 @@ use super::prelude::*;
 forward! {
     ops FloatTensorOps;
     const FORWARDED;
-    by_hand [] {}
+    by_hand [float_random] {
+        // Under a `Ddp`, draw from the rank's counter-based stream (see `random.rs`).
+        fn float_random(shape: Shape, distribution: Distribution, device: &Device<Self>, dtype: FloatDType) -> FloatTensor<Self> {
+            match crate::random::draw(shape.num_elements(), distribution) {
+                Some(values) => {
+                    let data = TensorData::new(values, shape).convert_dtype(dtype.into());
+                    B::float_from_data(data, device)
+                }
+                None => B::float_random(shape, distribution, device, dtype),
+            }
+        }
+    }
     // @generated begin
     fn float_from_data(data: TensorData, device: &Device<Self>) -> FloatTensor<Self>;
-    fn float_random(shape: Shape, distribution: Distribution, device: &Device<Self>, dtype: FloatDType) -> FloatTensor<Self>;
     fn float_zeros(shape: Shape, device: &Device<Self>, dtype: FloatDType) -> FloatTensor<Self>;
     fn float_ones(shape: Shape, device: &Device<Self>, dtype: FloatDType) -> FloatTensor<Self>;
     fn float_full(shape: Shape, fill_value: Scalar, device: &Device<Self>, dtype: FloatDType) -> FloatTensor<Self>;
