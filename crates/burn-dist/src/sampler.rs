@@ -9,10 +9,9 @@
 
 use burn_dataset::Dataset;
 
-/// Which indices of a dataset of `len` items rank `rank` of `world` reads in an epoch.
+/// Which indices of a dataset rank `rank` of `world` reads in an epoch.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DistributedSampler {
-    pub len: usize,
     pub world: usize,
     pub rank: usize,
     /// Shared by every rank; each epoch's order depends on (seed, epoch) only.
@@ -22,23 +21,34 @@ pub struct DistributedSampler {
 }
 
 impl DistributedSampler {
-    /// Items each rank reads per epoch.
-    pub fn per_rank(&self) -> usize {
-        if self.drop_last {
-            self.len / self.world
-        } else {
-            self.len.div_ceil(self.world)
+    /// Shuffled every epoch, tail padded.
+    pub fn new(rank: usize, world: usize, seed: u64) -> Self {
+        DistributedSampler {
+            world,
+            rank,
+            seed,
+            shuffle: true,
+            drop_last: false,
         }
     }
 
-    /// This rank's dataset indices for `epoch`, in reading order.
-    pub fn indices(&self, epoch: u64) -> Vec<usize> {
-        let mut order: Vec<usize> = (0..self.len).collect();
+    /// Items each rank reads per epoch from a dataset of `len` items.
+    pub fn per_rank(&self, len: usize) -> usize {
+        if self.drop_last {
+            len / self.world
+        } else {
+            len.div_ceil(self.world)
+        }
+    }
+
+    /// This rank's indices into a dataset of `len` items for `epoch`, in reading order.
+    pub fn indices(&self, len: usize, epoch: u64) -> Vec<usize> {
+        let mut order: Vec<usize> = (0..len).collect();
         if self.shuffle {
             shuffle(&mut order, mix(self.seed ^ mix(epoch.wrapping_add(0x5EED))));
         }
-        let total = self.per_rank() * self.world;
-        let padded = (0..total).map(|i| order[i % self.len.max(1)]);
+        let total = self.per_rank(len) * self.world;
+        let padded = (0..total).map(|i| order[i % len.max(1)]);
         padded.skip(self.rank).step_by(self.world).collect()
     }
 }
@@ -74,12 +84,8 @@ impl<D> ShardedDataset<D> {
     where
         D: Dataset<I>,
     {
-        let sampler = DistributedSampler {
-            len: inner.len(),
-            ..sampler.clone()
-        };
         ShardedDataset {
-            indices: sampler.indices(epoch),
+            indices: sampler.indices(inner.len(), epoch),
             inner,
         }
     }
@@ -101,14 +107,10 @@ mod tests {
 
     use super::*;
 
-    fn sampler(len: usize, world: usize, rank: usize, drop_last: bool) -> DistributedSampler {
+    fn sampler(world: usize, rank: usize, drop_last: bool) -> DistributedSampler {
         DistributedSampler {
-            len,
-            world,
-            rank,
-            seed: 42,
-            shuffle: true,
             drop_last,
+            ..DistributedSampler::new(rank, world, 42)
         }
     }
 
@@ -116,7 +118,7 @@ mod tests {
     fn ranks_read_disjoint_slices_that_cover_the_dataset() {
         for world in 1..=4 {
             let mut all: Vec<usize> = (0..world)
-                .flat_map(|r| sampler(12, world, r, false).indices(3))
+                .flat_map(|r| sampler(world, r, false).indices(12, 3))
                 .collect();
             all.sort();
             assert_eq!(all, (0..12).collect::<Vec<_>>(), "world {world}");
@@ -126,10 +128,10 @@ mod tests {
     #[test]
     fn tail_is_padded_or_dropped_the_same_way_on_every_rank() {
         let padded: Vec<_> = (0..3)
-            .map(|r| sampler(10, 3, r, false).indices(0))
+            .map(|r| sampler(3, r, false).indices(10, 0))
             .collect();
         assert!(padded.iter().all(|s| s.len() == 4));
-        let dropped: Vec<_> = (0..3).map(|r| sampler(10, 3, r, true).indices(0)).collect();
+        let dropped: Vec<_> = (0..3).map(|r| sampler(3, r, true).indices(10, 0)).collect();
         assert!(dropped.iter().all(|s| s.len() == 3));
         let mut distinct: Vec<usize> = dropped.concat();
         distinct.sort();
@@ -139,15 +141,15 @@ mod tests {
 
     #[test]
     fn epochs_reshuffle_reproducibly() {
-        let s = sampler(100, 2, 1, false);
-        assert_eq!(s.indices(5), s.indices(5));
-        assert_ne!(s.indices(5), s.indices(6));
+        let s = sampler(2, 1, false);
+        assert_eq!(s.indices(100, 5), s.indices(100, 5));
+        assert_ne!(s.indices(100, 5), s.indices(100, 6));
         let unshuffled = DistributedSampler {
             shuffle: false,
             ..s
         };
         assert_eq!(
-            unshuffled.indices(9),
+            unshuffled.indices(100, 9),
             (0..50).map(|i| 2 * i + 1).collect::<Vec<_>>()
         );
     }
@@ -155,13 +157,9 @@ mod tests {
     #[test]
     fn sharded_dataset_reads_through_the_sampler() {
         let data = InMemDataset::new((0..10).map(|i| i * 10).collect::<Vec<usize>>());
-        let s = sampler(0, 2, 0, true);
+        let s = sampler(2, 0, true);
         let shard = ShardedDataset::new(data, &s, 1);
-        let expected: Vec<usize> = sampler(10, 2, 0, true)
-            .indices(1)
-            .iter()
-            .map(|i| i * 10)
-            .collect();
+        let expected: Vec<usize> = s.indices(10, 1).iter().map(|i| i * 10).collect();
         assert_eq!(shard.iter().collect::<Vec<_>>(), expected);
     }
 }

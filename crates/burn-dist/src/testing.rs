@@ -23,39 +23,113 @@ pub fn parameters<B: Backend, M: Module<B>>(model: &M) -> Vec<Vec<f32>> {
         .collect()
 }
 
-/// Trains [`MLP_SIZES`] with Adam on synthetic regression data for `steps` steps: this rank's
-/// shard of each global batch, split into the `ddp`'s accumulation micro-batches. Calls
+/// Which synthetic task [`train_synthetic`] trains.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Synthetic {
+    /// [`MLP_SIZES`] on rows of 16 features.
+    Mlp,
+    /// A [`TransformerBlock`] of width [`TRANSFORMER_WIDTH`] on sequences of [`SEQUENCE`].
+    Transformer,
+}
+
+pub const TRANSFORMER_WIDTH: usize = 16;
+pub const SEQUENCE: usize = 5;
+
+/// Trains `task` with Adam on synthetic regression data for `steps` steps: this rank's shard of
+/// each global batch, split into the `ddp`'s accumulation micro-batches, MSE loss. Calls
 /// `on_step(step, local loss)` and returns the final parameters. The example and the
 /// equivalence tests run exactly this loop.
-pub fn train_synthetic_mlp<B: burn::tensor::backend::AutodiffBackend>(
+pub fn train_synthetic<B: burn::tensor::backend::AutodiffBackend>(
     ddp: &mut crate::Ddp,
+    task: Synthetic,
     steps: usize,
     global_batch: usize,
     lr: f64,
     device: &B::Device,
-    mut on_step: impl FnMut(usize, f32),
+    on_step: impl FnMut(usize, f32),
 ) -> crate::Result<Vec<Vec<f32>>> {
+    let [input, .., output] = MLP_SIZES;
+    let (width, seq) = (TRANSFORMER_WIDTH, SEQUENCE);
+    match task {
+        Synthetic::Mlp => {
+            let model = Mlp::<B>::new(&MLP_SIZES, 7, device);
+            train_loop(
+                ddp,
+                model,
+                steps,
+                global_batch,
+                lr,
+                on_step,
+                |model, step, rows| {
+                    let x = synthetic_rows::<B, 2>(
+                        0,
+                        step,
+                        [global_batch, input],
+                        rows.clone(),
+                        device,
+                    );
+                    let y = synthetic_rows::<B, 2>(1, step, [global_batch, output], rows, device);
+                    (model.forward(x) - y).powi_scalar(2).mean()
+                },
+            )
+        }
+        Synthetic::Transformer => {
+            let model = TransformerBlock::<B>::new(width, 2, 11, device);
+            train_loop(
+                ddp,
+                model,
+                steps,
+                global_batch,
+                lr,
+                on_step,
+                |model, step, rows| {
+                    let x = synthetic_rows::<B, 3>(
+                        2,
+                        step,
+                        [global_batch, seq, width],
+                        rows.clone(),
+                        device,
+                    );
+                    let y =
+                        synthetic_rows::<B, 3>(3, step, [global_batch, seq, width], rows, device);
+                    (model.forward(x) - y).powi_scalar(2).mean()
+                },
+            )
+        }
+    }
+}
+
+fn train_loop<B, M>(
+    ddp: &mut crate::Ddp,
+    model: M,
+    steps: usize,
+    global_batch: usize,
+    lr: f64,
+    mut on_step: impl FnMut(usize, f32),
+    loss: impl Fn(&M, usize, std::ops::Range<usize>) -> burn::tensor::Tensor<B, 1>,
+) -> crate::Result<Vec<Vec<f32>>>
+where
+    B: burn::tensor::backend::AutodiffBackend,
+    M: burn::module::AutodiffModule<B>,
+{
     use burn::optim::{AdamConfig, Optimizer};
     let (rank, world, micro) = (ddp.rank(), ddp.world_size(), ddp.accumulation_steps());
-    let mut model = ddp.prepare(Mlp::<B>::new(&MLP_SIZES, 7, device))?;
+    let mut model = ddp.prepare(model)?;
     let mut optim = AdamConfig::new().init();
-    let [input, .., output] = MLP_SIZES;
     for step in 0..steps {
         let shard = shard_rows(global_batch, rank, world);
         let per_micro = shard.len() / micro;
-        let mut losses = 0.0;
+        let mut total = 0.0;
         for m in 0..micro {
             let rows = shard.start + m * per_micro..shard.start + (m + 1) * per_micro;
             model = ddp.mark(model);
-            let x = synthetic_rows::<B, 2>(0, step, [global_batch, input], rows.clone(), device);
-            let y = synthetic_rows::<B, 2>(1, step, [global_batch, output], rows, device);
-            let loss = (model.forward(x) - y).powi_scalar(2).mean();
-            losses += loss.clone().into_scalar().elem::<f32>();
+            let loss = loss(&model, step, rows);
+            total += loss.clone().into_scalar().elem::<f32>();
             if let Some(grads) = ddp.backward(loss, &model)? {
                 model = optim.step(lr, model, grads);
             }
         }
-        on_step(step, losses / micro as f32);
+        on_step(step, total / micro as f32);
     }
     Ok(parameters::<B, _>(&model))
 }

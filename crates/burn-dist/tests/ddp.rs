@@ -7,8 +7,8 @@ use burn::backend::Autodiff;
 use burn::optim::{AdamConfig, Optimizer};
 use burn::tensor::Tensor;
 use burn_dist::testing::{
-    MLP_SIZES as MLP, Mlp, TransformerBlock, parameters, relative_error, shard_rows,
-    synthetic_rows, train_synthetic_mlp,
+    MLP_SIZES as MLP, Mlp, Synthetic, TRANSFORMER_WIDTH, TransformerBlock, parameters,
+    relative_error, shard_rows, synthetic_rows, train_synthetic,
 };
 use burn_dist::{BucketConfig, Ddp, DdpConfig, DistError, DistributedBackend, ReducerEvent};
 use burn_dist_comm::testing::run_ranks;
@@ -49,11 +49,20 @@ fn shard(rank: usize, world: usize) -> std::ops::Range<usize> {
     shard_rows(GLOBAL_BATCH, rank, world)
 }
 
-/// Trains the MLP with `world` ranks and returns each rank's final parameters.
-fn train_mlp(world: usize, ddp_config: DdpConfig) -> Vec<Vec<Vec<f32>>> {
+/// Trains `task` with `world` ranks and returns each rank's final parameters.
+fn train(task: Synthetic, world: usize, ddp_config: DdpConfig) -> Vec<Vec<Vec<f32>>> {
     run_ranks(comms(world), |_, comm| {
         let mut ddp = Ddp::for_thread(comm, ddp_config.clone());
-        train_synthetic_mlp::<B>(&mut ddp, STEPS, GLOBAL_BATCH, LR, &FlexDevice, |_, _| {}).unwrap()
+        train_synthetic::<B>(
+            &mut ddp,
+            task,
+            STEPS,
+            GLOBAL_BATCH,
+            LR,
+            &FlexDevice,
+            |_, _| {},
+        )
+        .unwrap()
     })
 }
 
@@ -79,9 +88,9 @@ fn assert_replicas_identical(ranks: &[Vec<Vec<f32>>]) {
 
 #[test]
 fn n_ranks_equal_one_rank_on_the_concatenated_batch_mlp() {
-    let reference = train_mlp(1, config()).remove(0);
+    let reference = train(Synthetic::Mlp, 1, config()).remove(0);
     for world in 2..=4 {
-        let ranks = train_mlp(world, config());
+        let ranks = train(Synthetic::Mlp, world, config());
         assert_replicas_identical(&ranks);
         assert_close(&ranks[0], &reference, &format!("MLP, {world} ranks"));
     }
@@ -89,32 +98,9 @@ fn n_ranks_equal_one_rank_on_the_concatenated_batch_mlp() {
 
 #[test]
 fn n_ranks_equal_one_rank_on_the_concatenated_batch_transformer() {
-    const SEQ: usize = 5;
-    const D_MODEL: usize = 16;
-    let train = |world: usize| {
-        run_ranks(comms(world), |rank, comm| {
-            let mut ddp = Ddp::for_thread(comm, config());
-            let mut model = ddp
-                .prepare(TransformerBlock::<B>::new(D_MODEL, 2, 11, &FlexDevice))
-                .unwrap();
-            let mut optim = AdamConfig::new().init();
-            for step in 0..STEPS {
-                let x = rows(2, step, [GLOBAL_BATCH, SEQ, D_MODEL], shard(rank, world));
-                let y = rows(3, step, [GLOBAL_BATCH, SEQ, D_MODEL], shard(rank, world));
-                let loss = (model.forward(x) - y).powi_scalar(2).mean();
-                let grads = ddp.backward(loss, &model).unwrap().unwrap();
-                model = optim.step(LR, model, grads);
-            }
-            assert!(
-                ddp.layout().buckets.len() >= 3,
-                "the model should span at least 3 buckets"
-            );
-            parameters::<B, _>(&model)
-        })
-    };
-    let reference = train(1).remove(0);
+    let reference = train(Synthetic::Transformer, 1, config()).remove(0);
     for world in 2..=4 {
-        let ranks = train(world);
+        let ranks = train(Synthetic::Transformer, world, config());
         assert_replicas_identical(&ranks);
         assert_close(
             &ranks[0],
@@ -125,9 +111,27 @@ fn n_ranks_equal_one_rank_on_the_concatenated_batch_transformer() {
 }
 
 #[test]
+fn transformer_block_spans_at_least_3_buckets() {
+    let comm = comms(1).remove(0);
+    let mut ddp = Ddp::for_thread(comm, config());
+    ddp.prepare(TransformerBlock::<B>::new(
+        TRANSFORMER_WIDTH,
+        2,
+        11,
+        &FlexDevice,
+    ))
+    .unwrap();
+    assert!(
+        ddp.layout().buckets.len() >= 3,
+        "{} buckets",
+        ddp.layout().buckets.len()
+    );
+}
+
+#[test]
 fn accumulation_of_4_micro_batches_equals_one_step_on_4_times_the_batch() {
-    let reference = train_mlp(1, config()).remove(0);
-    let ranks = train_mlp(3, config().with_accumulation_steps(4));
+    let reference = train(Synthetic::Mlp, 1, config()).remove(0);
+    let ranks = train(Synthetic::Mlp, 3, config().with_accumulation_steps(4));
     assert_replicas_identical(&ranks);
     assert_close(&ranks[0], &reference, "3 ranks x 4 micro-batches");
 }

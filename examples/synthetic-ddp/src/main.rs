@@ -1,9 +1,9 @@
-//! An MLP on synthetic regression data, trained data-parallel: one process per rank, each on
-//! its shard of every global batch, gradients averaged during backward.
+//! An MLP or a transformer block on synthetic regression data, trained data-parallel: one
+//! process per rank, each on its shard of every global batch, gradients averaged during backward.
 //!
 //! ```text
-//! cargo build --release -p burn-dist-run -p mlp-ddp
-//! target/release/burn-dist-run --nproc-per-node 4 -- target/release/mlp-ddp --steps 50
+//! cargo build --release -p burn-dist-run -p synthetic-ddp
+//! target/release/burn-dist-run --nproc-per-node 4 -- target/release/synthetic-ddp --steps 50
 //! ```
 //!
 //! The result does not depend on the number of ranks (up to rounding): 1, 2, 3 or 4 ranks
@@ -13,16 +13,18 @@ use std::io::Write;
 use std::process::ExitCode;
 
 use burn::backend::Autodiff;
-use burn_dist::testing::train_synthetic_mlp;
+use burn_dist::testing::{Synthetic, train_synthetic};
 use burn_dist::{Ddp, DdpConfig, DistributedBackend};
 use burn_flex::{Flex, FlexDevice};
-use clap::Parser;
+use clap::{Parser, ValueEnum};
 
 type B = Autodiff<DistributedBackend<Flex>>;
 
 #[derive(Parser)]
-#[command(about = "Train an MLP data-parallel on synthetic data")]
+#[command(about = "Train an MLP or a transformer block data-parallel on synthetic data")]
 struct Args {
+    #[arg(long, value_enum, default_value_t = Model::Mlp)]
+    model: Model,
     #[arg(long, default_value_t = 20)]
     steps: usize,
     /// Samples per step over all ranks; must be divisible by the world size (times the
@@ -37,6 +39,12 @@ struct Args {
     /// Rank 0 writes the final parameters here (little-endian f32, tensors in visit order).
     #[arg(long)]
     out: Option<std::path::PathBuf>,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Model {
+    Mlp,
+    Transformer,
 }
 
 fn main() -> ExitCode {
@@ -63,8 +71,12 @@ fn run(args: Args) -> Result<(), String> {
             args.global_batch, args.accumulation
         ));
     }
-    let params = train_synthetic_mlp::<B>(
+    let params = train_synthetic::<B>(
         &mut ddp,
+        match args.model {
+            Model::Mlp => Synthetic::Mlp,
+            Model::Transformer => Synthetic::Transformer,
+        },
         args.steps,
         args.global_batch,
         args.lr,

@@ -1,11 +1,11 @@
-//! 2, 3 and 4 real processes through `burn-dist-run` train to the parameters of one in-process
-//! rank on the concatenated batch.
+//! 2, 3 and 4 real processes through `burn-dist-run` train an MLP and a transformer block to
+//! the parameters of one in-process rank on the concatenated batch.
 
 use std::path::PathBuf;
 use std::process::Command;
 
 use burn::backend::Autodiff;
-use burn_dist::testing::{relative_error, train_synthetic_mlp};
+use burn_dist::testing::{Synthetic, relative_error, train_synthetic};
 use burn_dist::{Ddp, DdpConfig, DistributedBackend};
 use burn_dist_comm::{CommConfig, HostCommunicator};
 use burn_flex::{Flex, FlexDevice};
@@ -30,14 +30,17 @@ fn launcher() -> PathBuf {
     launcher
 }
 
-fn reference() -> Vec<Vec<f32>> {
+fn reference(task: Synthetic) -> Vec<Vec<f32>> {
     let comm = HostCommunicator::local_group(1, &CommConfig::default()).remove(0);
     let mut ddp = Ddp::for_thread(comm, DdpConfig::new());
-    train_synthetic_mlp::<B>(&mut ddp, STEPS, 12, 1e-2, &FlexDevice, |_, _| {}).unwrap()
+    train_synthetic::<B>(&mut ddp, task, STEPS, 12, 1e-2, &FlexDevice, |_, _| {}).unwrap()
 }
 
-fn launched(world: usize) -> Vec<f32> {
-    let out = std::env::temp_dir().join(format!("mlp-ddp-{}-{world}.bin", std::process::id()));
+fn launched(model: &str, world: usize) -> Vec<f32> {
+    let out = std::env::temp_dir().join(format!(
+        "synthetic-ddp-{}-{model}-{world}.bin",
+        std::process::id()
+    ));
     let status = Command::new(launcher())
         .args([
             "--nproc-per-node",
@@ -46,8 +49,10 @@ fn launched(world: usize) -> Vec<f32> {
             "0",
             "--",
         ])
-        .arg(env!("CARGO_BIN_EXE_mlp-ddp"))
+        .arg(env!("CARGO_BIN_EXE_synthetic-ddp"))
         .args([
+            "--model",
+            model,
             "--steps",
             &STEPS.to_string(),
             "--global-batch",
@@ -58,7 +63,7 @@ fn launched(world: usize) -> Vec<f32> {
         .env("BURN_DIST_TIMEOUT_SECS", "120")
         .status()
         .expect("running burn-dist-run");
-    assert!(status.success(), "{world} ranks: {status}");
+    assert!(status.success(), "{model}, {world} ranks: {status}");
     let bytes = std::fs::read(&out).expect("rank 0's parameters");
     std::fs::remove_file(&out).ok();
     bytes
@@ -67,20 +72,29 @@ fn launched(world: usize) -> Vec<f32> {
         .collect()
 }
 
-#[test]
-fn processes_through_the_launcher_equal_one_rank_on_the_concatenated_batch() {
-    let reference = reference();
+fn processes_equal_reference(task: Synthetic, model: &str) {
+    let reference = reference(task);
     for world in 2..=4 {
-        let got = launched(world);
+        let got = launched(model, world);
         assert_eq!(got.len(), reference.iter().map(Vec::len).sum::<usize>());
         let mut at = 0;
         for (i, tensor) in reference.iter().enumerate() {
             let error = relative_error(&got[at..at + tensor.len()], tensor);
             assert!(
                 error <= 1e-5,
-                "{world} processes: tensor {i} differs from the reference by {error:e}"
+                "{model}, {world} processes: tensor {i} differs from the reference by {error:e}"
             );
             at += tensor.len();
         }
     }
+}
+
+#[test]
+fn mlp_processes_through_the_launcher_equal_one_rank_on_the_concatenated_batch() {
+    processes_equal_reference(Synthetic::Mlp, "mlp");
+}
+
+#[test]
+fn transformer_processes_through_the_launcher_equal_one_rank_on_the_concatenated_batch() {
+    processes_equal_reference(Synthetic::Transformer, "transformer");
 }
