@@ -112,6 +112,11 @@ impl Ddp {
         &self.comm
     }
 
+    /// A shared handle on the communicator, for components that outlive a borrow (optimizers).
+    pub fn comm(&self) -> Arc<HostCommunicator> {
+        self.comm.clone()
+    }
+
     /// Makes `model` identical on every rank and ready for synchronized training: checks that
     /// every rank has the same tensors (names, shapes, dtypes) and fails naming the first
     /// difference, copies rank 0's values to every rank, registers the trainable parameters

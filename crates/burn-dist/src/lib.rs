@@ -36,6 +36,7 @@ mod model;
 pub mod random;
 mod reducer;
 pub mod sampler;
+mod scaler;
 mod sync;
 #[doc(hidden)]
 pub mod testing;
@@ -48,6 +49,7 @@ pub use error::{DistError, Result};
 pub use model::ParamInfo;
 pub use reducer::{Reducer, ReducerEvent, ReducerStats};
 pub use sampler::{DistributedSampler, ShardedDataset};
+pub use scaler::{GradScaler, GradScalerConfig, agree_found_inf};
 
 #[doc(hidden)]
 pub use backend::FORWARDED;

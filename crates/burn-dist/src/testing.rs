@@ -42,6 +42,7 @@ pub const SEQUENCE: usize = 5;
 pub fn train_synthetic<B: burn::tensor::backend::AutodiffBackend>(
     ddp: &mut crate::Ddp,
     task: Synthetic,
+    optimizer: &impl OptimizerKind,
     steps: usize,
     global_batch: usize,
     lr: f64,
@@ -56,6 +57,7 @@ pub fn train_synthetic<B: burn::tensor::backend::AutodiffBackend>(
             train_loop(
                 ddp,
                 model,
+                optimizer,
                 steps,
                 global_batch,
                 lr,
@@ -78,6 +80,7 @@ pub fn train_synthetic<B: burn::tensor::backend::AutodiffBackend>(
             train_loop(
                 ddp,
                 model,
+                optimizer,
                 steps,
                 global_batch,
                 lr,
@@ -99,9 +102,11 @@ pub fn train_synthetic<B: burn::tensor::backend::AutodiffBackend>(
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn train_loop<B, M>(
     ddp: &mut crate::Ddp,
     model: M,
+    optimizer: &impl OptimizerKind,
     steps: usize,
     global_batch: usize,
     lr: f64,
@@ -110,12 +115,11 @@ fn train_loop<B, M>(
 ) -> crate::Result<Vec<Vec<f32>>>
 where
     B: burn::tensor::backend::AutodiffBackend,
-    M: burn::module::AutodiffModule<B>,
+    M: burn::module::AutodiffModule<B> + 'static,
 {
-    use burn::optim::{AdamConfig, Optimizer};
     let (rank, world, micro) = (ddp.rank(), ddp.world_size(), ddp.accumulation_steps());
     let mut model = ddp.prepare(model)?;
-    let mut optim = AdamConfig::new().init();
+    let mut optim = optimizer.build::<B, M>(ddp, &model);
     for step in 0..steps {
         let shard = shard_rows(global_batch, rank, world);
         let per_micro = shard.len() / micro;
@@ -126,10 +130,78 @@ where
             let loss = loss(&model, step, rows);
             total += loss.clone().into_scalar().elem::<f32>();
             if let Some(grads) = ddp.backward(loss, &model)? {
-                model = optim.step(lr, model, grads);
+                model = optim.step(ddp, lr, model, grads)?;
             }
         }
         on_step(step, total / micro as f32);
     }
     Ok(parameters::<B, _>(&model))
+}
+
+/// One optimizer step, whatever the optimizer: Burn's (through [`BurnOptimizer`]) or a
+/// sharded one that needs the `Ddp`.
+pub trait Stepper<B: burn::tensor::backend::AutodiffBackend, M: burn::module::AutodiffModule<B>> {
+    fn step(
+        &mut self,
+        ddp: &crate::Ddp,
+        lr: f64,
+        model: M,
+        grads: burn::optim::GradientsParams,
+    ) -> crate::Result<M>;
+}
+
+/// Builds the optimizer of a training run once the model's type is known.
+pub trait OptimizerKind {
+    fn build<B, M>(&self, ddp: &crate::Ddp, model: &M) -> Box<dyn Stepper<B, M>>
+    where
+        B: burn::tensor::backend::AutodiffBackend,
+        M: burn::module::AutodiffModule<B> + 'static;
+}
+
+/// A Burn optimizer as a [`Stepper`].
+pub struct BurnOptimizer<O>(pub O);
+
+impl<B, M, O> Stepper<B, M> for BurnOptimizer<O>
+where
+    B: burn::tensor::backend::AutodiffBackend,
+    M: burn::module::AutodiffModule<B>,
+    O: burn::optim::Optimizer<M, B>,
+{
+    fn step(
+        &mut self,
+        _ddp: &crate::Ddp,
+        lr: f64,
+        model: M,
+        grads: burn::optim::GradientsParams,
+    ) -> crate::Result<M> {
+        Ok(self.0.step(lr, model, grads))
+    }
+}
+
+/// Burn's `Adam` with its defaults.
+pub struct BurnAdam;
+
+impl OptimizerKind for BurnAdam {
+    fn build<B, M>(&self, _ddp: &crate::Ddp, _model: &M) -> Box<dyn Stepper<B, M>>
+    where
+        B: burn::tensor::backend::AutodiffBackend,
+        M: burn::module::AutodiffModule<B> + 'static,
+    {
+        Box::new(BurnOptimizer(burn::optim::AdamConfig::new().init::<B, M>()))
+    }
+}
+
+/// Burn's `AdamW` with its defaults.
+pub struct BurnAdamW;
+
+impl OptimizerKind for BurnAdamW {
+    fn build<B, M>(&self, _ddp: &crate::Ddp, _model: &M) -> Box<dyn Stepper<B, M>>
+    where
+        B: burn::tensor::backend::AutodiffBackend,
+        M: burn::module::AutodiffModule<B> + 'static,
+    {
+        Box::new(BurnOptimizer(
+            burn::optim::AdamWConfig::new().init::<B, M>(),
+        ))
+    }
 }

@@ -7,7 +7,7 @@ use burn::backend::Autodiff;
 use burn::optim::{AdamConfig, Optimizer};
 use burn::tensor::Tensor;
 use burn_dist::testing::{
-    MLP_SIZES as MLP, Mlp, Synthetic, TRANSFORMER_WIDTH, TransformerBlock, parameters,
+    BurnAdam, MLP_SIZES as MLP, Mlp, Synthetic, TRANSFORMER_WIDTH, TransformerBlock, parameters,
     relative_error, shard_rows, synthetic_rows, train_synthetic,
 };
 use burn_dist::{BucketConfig, Ddp, DdpConfig, DistError, DistributedBackend, ReducerEvent};
@@ -56,6 +56,7 @@ fn train(task: Synthetic, world: usize, ddp_config: DdpConfig) -> Vec<Vec<Vec<f3
         train_synthetic::<B>(
             &mut ddp,
             task,
+            &BurnAdam,
             STEPS,
             GLOBAL_BATCH,
             LR,
@@ -392,4 +393,56 @@ fn dropout_is_reproducible_and_differs_across_ranks_and_steps() {
         (64..=192).contains(&kept),
         "about half of 256 kept, got {kept}"
     );
+}
+
+#[test]
+fn grad_scaler_unscales_exactly_and_all_ranks_agree_on_overflow() {
+    use burn_dist::GradScalerConfig;
+    let results = run_ranks(comms(2), |rank, comm| {
+        let mut ddp = Ddp::for_thread(comm, config());
+        let model = ddp.prepare(Mlp::<B>::new(&MLP, 7, &FlexDevice)).unwrap();
+        let scaler = GradScalerConfig::new().init();
+        let loss = |model: &Mlp<B>| {
+            model
+                .forward(rows(0, 0, [GLOBAL_BATCH, MLP[0]], shard(rank, 2)))
+                .mean()
+        };
+        let weight = model.layers[0].weight.id;
+        let read = |g: &burn::optim::GradientsParams| {
+            g.get::<DistributedBackend<Flex>, 2>(weight)
+                .unwrap()
+                .into_data()
+                .to_vec::<f32>()
+                .unwrap()
+        };
+        let plain = read(&ddp.backward(loss(&model), &model).unwrap().unwrap());
+        let model = ddp.mark(model);
+        let scaled = ddp
+            .backward(scaler.scale_loss(loss(&model)), &model)
+            .unwrap()
+            .unwrap();
+        let unscaled = read(
+            &scaler
+                .unscale(scaled, &model, ddp.communicator())
+                .unwrap()
+                .unwrap(),
+        );
+        let model = ddp.mark(model);
+        // Only rank 1 overflows; rank 0 must still learn about it.
+        let poisoned = if rank == 1 {
+            loss(&model).mul_scalar(f32::INFINITY)
+        } else {
+            loss(&model)
+        };
+        let grads = ddp
+            .backward(scaler.scale_loss(poisoned), &model)
+            .unwrap()
+            .unwrap();
+        let skipped = scaler
+            .unscale(grads, &model, ddp.communicator())
+            .unwrap()
+            .is_none();
+        (plain == unscaled, skipped)
+    });
+    assert_eq!(results, [(true, true), (true, true)]);
 }

@@ -13,7 +13,7 @@ use std::io::Write;
 use std::process::ExitCode;
 
 use burn::backend::Autodiff;
-use burn_dist::testing::{Synthetic, train_synthetic};
+use burn_dist::testing::{BurnAdam, Synthetic, train_synthetic};
 use burn_dist::{Ddp, DdpConfig, DistributedBackend};
 use burn_flex::{Flex, FlexDevice};
 use clap::{Parser, ValueEnum};
@@ -77,6 +77,7 @@ fn run(args: Args) -> Result<(), String> {
             Model::Mlp => Synthetic::Mlp,
             Model::Transformer => Synthetic::Transformer,
         },
+        &BurnAdam,
         args.steps,
         args.global_batch,
         args.lr,

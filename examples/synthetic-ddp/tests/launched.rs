@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::process::Command;
 
 use burn::backend::Autodiff;
-use burn_dist::testing::{Synthetic, relative_error, train_synthetic};
+use burn_dist::testing::{BurnAdam, Synthetic, relative_error, train_synthetic};
 use burn_dist::{Ddp, DdpConfig, DistributedBackend};
 use burn_dist_comm::{CommConfig, HostCommunicator};
 use burn_flex::{Flex, FlexDevice};
@@ -33,7 +33,17 @@ fn launcher() -> PathBuf {
 fn reference(task: Synthetic) -> Vec<Vec<f32>> {
     let comm = HostCommunicator::local_group(1, &CommConfig::default()).remove(0);
     let mut ddp = Ddp::for_thread(comm, DdpConfig::new());
-    train_synthetic::<B>(&mut ddp, task, STEPS, 12, 1e-2, &FlexDevice, |_, _| {}).unwrap()
+    train_synthetic::<B>(
+        &mut ddp,
+        task,
+        &BurnAdam,
+        STEPS,
+        12,
+        1e-2,
+        &FlexDevice,
+        |_, _| {},
+    )
+    .unwrap()
 }
 
 fn launched(model: &str, world: usize) -> Vec<f32> {
