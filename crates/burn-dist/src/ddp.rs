@@ -252,6 +252,12 @@ impl Ddp {
         reducer.random = RandomStream::new(seed, self.rank());
     }
 
+    /// The random stream's (seed, step), for checkpoints.
+    pub fn random_state(&self) -> (u64, u64) {
+        let reducer = lock(&self.reducer);
+        (reducer.random.seed, reducer.random.step)
+    }
+
     /// Keys the random stream on `step` (its op counter restarts), so that the draws of a step
     /// do not depend on how many random ops earlier steps made, e.g. after a resume.
     pub fn set_step(&self, step: u64) {

@@ -39,6 +39,7 @@ pub const SEQUENCE: usize = 5;
 /// each global batch, split into the `ddp`'s accumulation micro-batches, MSE loss. Calls
 /// `on_step(step, local loss)` and returns the final parameters. The example and the
 /// equivalence tests run exactly this loop.
+#[allow(clippy::too_many_arguments)] // a test helper: each argument is one knob of the run
 pub fn train_synthetic<B: burn::tensor::backend::AutodiffBackend>(
     ddp: &mut crate::Ddp,
     task: Synthetic,
@@ -102,7 +103,7 @@ pub fn train_synthetic<B: burn::tensor::backend::AutodiffBackend>(
     }
 }
 
-#[allow(clippy::too_many_arguments)]
+#[allow(clippy::too_many_arguments)] // as train_synthetic
 fn train_loop<B, M>(
     ddp: &mut crate::Ddp,
     model: M,

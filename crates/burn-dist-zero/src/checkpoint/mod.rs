@@ -1,0 +1,563 @@
+//! Sharded checkpoints: the model's weights, every rank's optimizer shard and a manifest.
+//!
+//! A checkpoint of step `s` is the directory `<root>/step-<s, 10 digits>/`:
+//!
+//! - `model.safetensors`: every float tensor of the model, named by its module path
+//!   (`layers.0.weight`), in the model's dtype; written by rank 0;
+//! - `optim-rank-NNNNN.bin`: rank N's [`OptimizerShard`] (see [`shard_file`] for the format);
+//! - `manifest.json`: format version, world size, step, data position, scaler and random
+//!   stream state, the flat layout, and the size and CRC-32 of every other file. Written last,
+//!   by rank 0, once every rank's files are durable. **A directory without a manifest is
+//!   incomplete and is never loaded**, so a crash during a save leaves the previous checkpoint
+//!   as the latest.
+//!
+//! [`save`] and [`load`] are collectives: every rank calls them. [`load`] works at any world
+//! size: each rank assembles its new shard from the old shards that overlap it (the flat
+//! element order does not depend on the world size, so this is exact). See
+//! `docs/checkpoints.md`.
+
+mod error;
+mod files;
+pub mod manifest;
+pub mod reshard;
+pub mod shard_file;
+mod weights;
+
+use std::collections::HashMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use burn::module::{AutodiffModule, Module};
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn_dist::{Ddp, GradScaler, ParamInfo};
+use burn_dist_comm::{Communicator, HostBuffer, HostCommunicator};
+use safetensors::{Dtype, tensor::TensorView};
+
+use crate::{FlatLayout, OptimizerShard, ZeroAdam};
+
+pub use error::{CheckpointError, Result};
+pub use manifest::{
+    FORMAT_VERSION, FileEntry, LayoutEntry, MANIFEST, MODEL_FILE, Manifest, ParamEntry,
+    RandomState, ScalerState, shard_file as shard_file_name,
+};
+
+/// Everything besides weights and optimizer state that a resumed run needs.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct TrainingState {
+    /// Optimizer steps taken (the checkpoint's step).
+    pub step: u64,
+    /// Samples consumed by all ranks together, so that a run resumed at another world size
+    /// continues at the same place in the data.
+    pub samples_consumed: u64,
+    /// The loss scaler's state, when training with one.
+    pub scaler: Option<ScalerState>,
+    /// The rank random stream: [`load`] restores it with `Ddp::seed` and `Ddp::set_step`.
+    pub random: RandomState,
+}
+
+impl TrainingState {
+    pub fn new(step: u64, samples_consumed: u64) -> Self {
+        TrainingState {
+            step,
+            samples_consumed,
+            ..Default::default()
+        }
+    }
+
+    pub fn with_scaler(mut self, scaler: &GradScaler) -> Self {
+        self.scaler = Some(ScalerState {
+            scale: scaler.scale(),
+            growth_tracker: scaler.growth_tracker(),
+        });
+        self
+    }
+
+    /// The seed given to `Ddp::seed` and the step last given to `Ddp::set_step`.
+    pub fn with_random(mut self, seed: u64, step: u64) -> Self {
+        self.random = RandomState { seed, step };
+        self
+    }
+
+    /// `scaler` with the saved state, if one was saved.
+    pub fn restore_scaler(&self, scaler: GradScaler) -> GradScaler {
+        match self.scaler {
+            Some(s) => scaler.with_state(s.scale, s.growth_tracker),
+            None => scaler,
+        }
+    }
+}
+
+/// The directory of step `step`'s checkpoint under `root`.
+pub fn step_dir(root: impl AsRef<Path>, step: u64) -> PathBuf {
+    root.as_ref().join(format!("step-{step:010}"))
+}
+
+fn parse_step(name: &str) -> Option<u64> {
+    let digits = name.strip_prefix("step-")?;
+    (!digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()))
+        .then(|| digits.parse().ok())
+        .flatten()
+}
+
+/// The newest complete checkpoint under `root` (highest step with a manifest), if any.
+pub fn latest(root: impl AsRef<Path>) -> Result<Option<PathBuf>> {
+    let root = root.as_ref();
+    let entries = match fs::read_dir(root) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(CheckpointError::io(root)(e)),
+    };
+    let mut best: Option<(u64, PathBuf)> = None;
+    for entry in entries {
+        let entry = entry.map_err(CheckpointError::io(root))?;
+        let Some(step) = entry.file_name().to_str().and_then(parse_step) else {
+            continue;
+        };
+        let dir = entry.path();
+        if dir.join(MANIFEST).is_file() && best.as_ref().is_none_or(|(s, _)| step > *s) {
+            best = Some((step, dir));
+        }
+    }
+    Ok(best.map(|(_, dir)| dir))
+}
+
+/// A checkpoint directory, or the newest complete checkpoint when `path` is a root of them.
+pub fn resolve(path: impl AsRef<Path>) -> Result<PathBuf> {
+    let path = path.as_ref();
+    if path.join(MANIFEST).is_file() {
+        return Ok(path.to_path_buf());
+    }
+    let is_step_dir = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .and_then(parse_step)
+        .is_some();
+    if is_step_dir {
+        return Err(CheckpointError::Incomplete {
+            dir: path.to_path_buf(),
+        });
+    }
+    latest(path)?.ok_or_else(|| CheckpointError::NotFound {
+        root: path.to_path_buf(),
+    })
+}
+
+/// Writes the checkpoint of `state.step` under `root` and returns its directory. A collective:
+/// every rank calls it with its own `zero`; rank 0 also writes the model and, after every
+/// rank's shard is durable, the manifest. Saving a step again replaces it (it is incomplete in
+/// between).
+pub fn save<B: Backend, M: Module<B>>(
+    root: impl AsRef<Path>,
+    ddp: &Ddp,
+    model: &M,
+    zero: &ZeroAdam,
+    state: &TrainingState,
+) -> Result<PathBuf> {
+    let (comm, rank) = (ddp.communicator(), ddp.rank());
+    let dir = step_dir(&root, state.step);
+    let _span = tracing::info_span!("checkpoint save", rank, step = state.step).entered();
+
+    // 1. Rank 0 makes the directory (and un-completes an older save of this step).
+    let prepared = if rank == 0 {
+        prepare_dir(root.as_ref(), &dir)
+    } else {
+        Ok(())
+    };
+    agree(comm, prepared)?;
+
+    // 2. Every rank writes its shard durably; rank 0 the weights too.
+    let shard_name = manifest::shard_file(rank);
+    let written = (|| {
+        let bytes = shard_file::encode(&zero.export());
+        files::write_atomic(&dir, &shard_name, &bytes)?;
+        let (size, crc) = files::fingerprint(&bytes);
+        let model_entry = if rank == 0 {
+            Some(write_model::<B, M>(&dir, model, state.step)?)
+        } else {
+            None
+        };
+        Ok((size, crc, model_entry))
+    })();
+    let (size, crc, model_entry) = agree(comm, written)?;
+
+    // 3. Every shard is durable once every rank got here: rank 0 commits with the manifest.
+    let mut mine = size.to_le_bytes().to_vec();
+    mine.extend_from_slice(&u64::from(crc).to_le_bytes());
+    let world = ddp.world_size();
+    let all = comm.all_gather(HostBuffer::U8(mine), 16 * world).wait()?;
+    let committed = if rank == 0 {
+        let mut entries: Vec<FileEntry> = model_entry.into_iter().collect();
+        for (r, chunk) in all.as_bytes().chunks_exact(16).enumerate() {
+            entries.push(FileEntry {
+                name: manifest::shard_file(r),
+                rank: Some(r),
+                bytes: u64::from_le_bytes(chunk[..8].try_into().expect("8 bytes")),
+                crc32: u64::from_le_bytes(chunk[8..].try_into().expect("8 bytes")) as u32,
+            });
+        }
+        let manifest = Manifest {
+            format_version: FORMAT_VERSION,
+            world_size: world,
+            step: state.step,
+            samples_consumed: state.samples_consumed,
+            scaler: state.scaler,
+            random: state.random,
+            layout: LayoutEntry::of(zero.layout()),
+            params: ddp.params().iter().map(param_entry).collect(),
+            files: entries,
+        };
+        manifest.write(&dir)
+    } else {
+        Ok(())
+    };
+    // 4. Nobody returns before the checkpoint is complete (or every rank knows it failed).
+    agree(comm, committed)?;
+    tracing::info!(dir = %dir.display(), "checkpoint saved");
+    Ok(dir)
+}
+
+fn param_entry(p: &ParamInfo) -> ParamEntry {
+    ParamEntry {
+        name: p.name.clone(),
+        shape: p.shape.clone(),
+        dtype: format!("{:?}", p.dtype),
+    }
+}
+
+fn prepare_dir(root: &Path, dir: &Path) -> Result<()> {
+    fs::create_dir_all(dir).map_err(CheckpointError::io(dir))?;
+    files::sync_dir(root)?;
+    let manifest = dir.join(MANIFEST);
+    if manifest.exists() {
+        fs::remove_file(&manifest).map_err(CheckpointError::io(&manifest))?;
+        files::sync_dir(dir)?;
+    }
+    Ok(())
+}
+
+fn write_model<B: Backend, M: Module<B>>(dir: &Path, model: &M, step: u64) -> Result<FileEntry> {
+    let metadata = HashMap::from([
+        ("producer".to_string(), "burn-dist".to_string()),
+        ("step".to_string(), step.to_string()),
+    ]);
+    let bytes = weights::collect::<B, M>(model)
+        .serialize(metadata)
+        .map_err(|reason| CheckpointError::corrupt(dir.join(MODEL_FILE), reason))?;
+    files::write_atomic(dir, MODEL_FILE, &bytes)?;
+    let (size, crc) = files::fingerprint(&bytes);
+    Ok(FileEntry {
+        name: MODEL_FILE.into(),
+        rank: None,
+        bytes: size,
+        crc32: crc,
+    })
+}
+
+/// Loads the checkpoint at `path` (a step directory, or a root whose newest complete
+/// checkpoint is taken) into `model` and `zero`, at any world size. A collective. Verifies the
+/// size and checksum of every file it reads; nothing is changed unless every rank succeeds.
+/// Restores the rank random stream; returns the model (marked for gradient sync) and the
+/// training state, whose scaler state and data position the caller applies.
+pub fn load<B: AutodiffBackend, M: AutodiffModule<B>>(
+    path: impl AsRef<Path>,
+    ddp: &Ddp,
+    model: M,
+    zero: &mut ZeroAdam,
+) -> Result<(M, TrainingState)> {
+    let (comm, rank) = (ddp.communicator(), ddp.rank());
+    let _span = tracing::info_span!("checkpoint load", rank).entered();
+    let local = (|| {
+        let dir = resolve(path.as_ref())?;
+        let manifest = Manifest::read(&dir)?;
+        check_fits(&dir, &manifest, ddp.params())?;
+        let entry = manifest.model_entry(&dir)?;
+        let bytes = files::read_verified(&dir, entry)?;
+        let model = weights::overwrite::<B, M>(model, &dir.join(&entry.name), &bytes)?;
+        let shard = assemble_shard(&dir, &manifest, zero.layout(), rank)?;
+        Ok((dir, manifest, model, shard))
+    })();
+    let (dir, manifest, model, shard) = agree(comm, local)?;
+
+    // Every rank must have loaded the same step (a save racing with the resolution of
+    // `latest` could make them differ).
+    let world = ddp.world_size();
+    let steps = comm
+        .all_gather(
+            HostBuffer::U8(manifest.step.to_le_bytes().to_vec()),
+            8 * world,
+        )
+        .wait()?;
+    let steps: Vec<u64> = steps
+        .as_bytes()
+        .chunks_exact(8)
+        .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
+        .collect();
+    if steps.iter().any(|&s| s != steps[0]) {
+        return Err(CheckpointError::Mismatch {
+            dir,
+            reason: format!("the ranks resolved different steps: {steps:?}"),
+        });
+    }
+
+    zero.import(shard)?;
+    ddp.seed(manifest.random.seed);
+    ddp.set_step(manifest.random.step);
+    tracing::info!(dir = %dir.display(), saved_world = manifest.world_size, "checkpoint loaded");
+    let state = TrainingState {
+        step: manifest.step,
+        samples_consumed: manifest.samples_consumed,
+        scaler: manifest.scaler,
+        random: manifest.random,
+    };
+    Ok((ddp.mark(model), state))
+}
+
+/// The checkpoint's parameters must be the model's, in the same order.
+fn check_fits(dir: &Path, manifest: &Manifest, params: &[ParamInfo]) -> Result<()> {
+    let mismatch = |reason: String| {
+        Err(CheckpointError::Mismatch {
+            dir: dir.to_path_buf(),
+            reason,
+        })
+    };
+    if params.len() != manifest.params.len() {
+        return mismatch(format!(
+            "holds {} trainable parameters, the model has {} (was `Ddp::prepare` called?)",
+            manifest.params.len(),
+            params.len()
+        ));
+    }
+    for (i, (ours, saved)) in params.iter().zip(&manifest.params).enumerate() {
+        if ours.name != saved.name || ours.shape != saved.shape {
+            return mismatch(format!(
+                "parameter #{i} is {} {:?} in the checkpoint but {} {:?} in the model",
+                saved.name, saved.shape, ours.name, ours.shape
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// This rank's shard of `layout` (the optimizer's current layout, at the current world size),
+/// assembled from the saved shards that overlap it.
+fn assemble_shard(
+    dir: &Path,
+    manifest: &Manifest,
+    layout: &FlatLayout,
+    rank: usize,
+) -> Result<OptimizerShard> {
+    if layout.numels != manifest.layout.numels {
+        return Err(CheckpointError::Mismatch {
+            dir: dir.to_path_buf(),
+            reason: "the flat layout's parameter sizes differ from the optimizer's".into(),
+        });
+    }
+    let copies = reshard::copies(layout.shard(rank), manifest.layout.shard_len, layout.total);
+    let mut out = OptimizerShard {
+        rank,
+        layout: layout.clone(),
+        master: vec![0.0; layout.shard_len],
+        m: vec![0.0; layout.shard_len],
+        v: vec![0.0; layout.shard_len],
+        time: Vec::new(),
+        skipped: 0,
+    };
+    // The step counts are the same in every shard; a rank whose shard is all padding reads
+    // them from rank 0's.
+    let mut old_ranks: Vec<usize> = copies.iter().map(|c| c.old_rank).collect();
+    old_ranks.dedup();
+    if old_ranks.is_empty() {
+        old_ranks.push(0);
+    }
+    for old_rank in old_ranks {
+        let old = read_shard(dir, manifest, old_rank)?;
+        if out.time.is_empty() {
+            out.time = old.time.clone();
+            out.skipped = old.skipped;
+        }
+        for c in copies.iter().filter(|c| c.old_rank == old_rank) {
+            out.master[c.to.clone()].copy_from_slice(&old.master[c.from.clone()]);
+            out.m[c.to.clone()].copy_from_slice(&old.m[c.from.clone()]);
+            out.v[c.to.clone()].copy_from_slice(&old.v[c.from.clone()]);
+        }
+    }
+    Ok(out)
+}
+
+/// Rank `rank`'s saved shard, verified against the manifest.
+fn read_shard(dir: &Path, manifest: &Manifest, rank: usize) -> Result<OptimizerShard> {
+    let entry = manifest.shard_entry(dir, rank)?;
+    let path = dir.join(&entry.name);
+    let bytes = files::read_verified(dir, entry)?;
+    let shard = shard_file::decode(&path, &bytes)?;
+    if shard.rank != rank
+        || shard.layout.world != manifest.world_size
+        || shard.layout.shard_len != manifest.layout.shard_len
+        || shard.layout.numels != manifest.layout.numels
+        || shard.time.len() != manifest.params.len()
+    {
+        return Err(CheckpointError::corrupt(
+            &path,
+            format!(
+                "holds rank {} of {} ({} per shard), the manifest expects rank {rank} of {} ({} per shard)",
+                shard.rank,
+                shard.layout.world,
+                shard.layout.shard_len,
+                manifest.world_size,
+                manifest.layout.shard_len
+            ),
+        ));
+    }
+    Ok(shard)
+}
+
+/// The full (unsharded) optimizer state of a checkpoint: `total` elements each, padding
+/// dropped.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FullState {
+    pub manifest: Manifest,
+    pub master: Vec<f32>,
+    pub m: Vec<f32>,
+    pub v: Vec<f32>,
+    pub time: Vec<u32>,
+    pub skipped: u64,
+}
+
+impl FullState {
+    /// Parameter `i`'s elements of a flat vector.
+    pub fn param<'a>(&self, flat: &'a [f32], i: usize) -> &'a [f32] {
+        let start: usize = self.manifest.layout.numels[..i].iter().sum();
+        &flat[start..start + self.manifest.layout.numels[i]]
+    }
+}
+
+/// Reads and verifies every shard of the checkpoint at `path` (a step directory or a root) and
+/// joins them. Needs no communicator: the consolidation tool and tests use it.
+pub fn read_full(path: impl AsRef<Path>) -> Result<FullState> {
+    let dir = resolve(path)?;
+    let manifest = Manifest::read(&dir)?;
+    let total = manifest.layout.total;
+    let mut full = FullState {
+        master: Vec::with_capacity(total),
+        m: Vec::with_capacity(total),
+        v: Vec::with_capacity(total),
+        time: Vec::new(),
+        skipped: 0,
+        manifest,
+    };
+    for rank in 0..full.manifest.world_size {
+        let shard = read_shard(&dir, &full.manifest, rank)?;
+        let keep = shard.layout.shard_len.min(total - full.master.len());
+        full.master.extend_from_slice(&shard.master[..keep]);
+        full.m.extend_from_slice(&shard.m[..keep]);
+        full.v.extend_from_slice(&shard.v[..keep]);
+        if rank == 0 {
+            full.time = shard.time;
+            full.skipped = shard.skipped;
+        }
+    }
+    Ok(full)
+}
+
+/// Verifies the size and checksum of every file of the checkpoint at `path`; returns its
+/// manifest.
+pub fn verify(path: impl AsRef<Path>) -> Result<Manifest> {
+    let dir = resolve(path)?;
+    let manifest = Manifest::read(&dir)?;
+    for entry in &manifest.files {
+        files::read_verified(&dir, entry)?;
+    }
+    Ok(manifest)
+}
+
+/// Writes the full fp32 master weights and Adam moments of the checkpoint at `path` to one
+/// safetensors file `out`: `<name>`, `<name>.exp_avg`, `<name>.exp_avg_sq` (PyTorch's names
+/// for Adam's moments). Returns the state it wrote.
+pub fn consolidate(path: impl AsRef<Path>, out: impl AsRef<Path>) -> Result<FullState> {
+    let full = read_full(path)?;
+    let out = out.as_ref();
+    let mut tensors = Vec::new();
+    for (i, p) in full.manifest.params.iter().enumerate() {
+        for (suffix, flat) in [
+            ("", &full.master),
+            (".exp_avg", &full.m),
+            (".exp_avg_sq", &full.v),
+        ] {
+            tensors.push((
+                format!("{}{suffix}", p.name),
+                p.shape.clone(),
+                full.param(flat, i),
+            ));
+        }
+    }
+    let views = tensors
+        .iter()
+        .map(|(name, shape, values)| {
+            TensorView::new(Dtype::F32, shape.clone(), bytemuck::cast_slice(values))
+                .map(|view| (name.as_str(), view))
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| CheckpointError::corrupt(out, e.to_string()))?;
+    let metadata = HashMap::from([
+        (
+            "producer".to_string(),
+            "burn-dist-ckpt consolidate".to_string(),
+        ),
+        ("step".to_string(), full.manifest.step.to_string()),
+        ("adam_steps".to_string(), format!("{:?}", full.time)),
+    ]);
+    let bytes = safetensors::serialize(views, Some(metadata))
+        .map_err(|e| CheckpointError::corrupt(out, e.to_string()))?;
+    let parent = match out.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let name = out
+        .file_name()
+        .and_then(|n| n.to_str())
+        .ok_or_else(|| CheckpointError::corrupt(out, "not a file name"))?;
+    files::write_atomic(&parent, name, &bytes)?;
+    Ok(full)
+}
+
+/// Every rank's outcome of a local part of a collective: `Ok` everywhere, or every rank fails
+/// (a failing rank with its own error, the others naming the first failing rank and its
+/// message). Always runs the same collectives on every rank, so a failure never hangs a peer.
+fn agree<T>(comm: &HostCommunicator, local: Result<T>) -> Result<T> {
+    let world = comm.world_size();
+    let message = match &local {
+        Ok(_) => Vec::new(),
+        Err(e) => e.to_string().into_bytes(),
+    };
+    let lengths = comm
+        .all_gather(
+            HostBuffer::U8((message.len() as u64).to_le_bytes().to_vec()),
+            8 * world,
+        )
+        .wait()?;
+    let lengths: Vec<usize> = lengths
+        .as_bytes()
+        .chunks_exact(8)
+        .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")) as usize)
+        .collect();
+    let longest = lengths.iter().copied().max().unwrap_or(0);
+    if longest == 0 {
+        return local;
+    }
+    let mut padded = message;
+    padded.resize(longest, 0);
+    let all = comm
+        .all_gather(HostBuffer::U8(padded), longest * world)
+        .wait()?;
+    // This rank's own error, or the first failing rank's.
+    local?;
+    let rank = lengths
+        .iter()
+        .position(|&l| l > 0)
+        .expect("some rank failed");
+    let bytes = &all.as_bytes()[rank * longest..rank * longest + lengths[rank]];
+    Err(CheckpointError::Rank {
+        rank,
+        message: String::from_utf8_lossy(bytes).into_owned(),
+    })
+}

@@ -1,0 +1,46 @@
+//! `ZeroAdamConfig`: the settings of Burn's `AdamConfig`/`AdamWConfig`, plus sharding and
+//! global-norm clipping.
+
+use burn::config::Config;
+
+use crate::ZeroAdam;
+
+/// Adam or AdamW with the optimizer state sharded across ranks ([`ZeroAdam`]).
+///
+/// Same update as Burn's `AdamW` (decoupled weight decay, Loshchilov & Hutter, "Decoupled
+/// Weight Decay Regularization", 2019) or, with `decoupled_weight_decay = false`, Burn's `Adam`
+/// with L2 weight decay (Kingma & Ba, "Adam: A Method for Stochastic Optimization", 2015), with
+/// the same defaults, so results can be compared with Burn's optimizers directly.
+#[derive(Config, Debug)]
+pub struct ZeroAdamConfig {
+    #[config(default = 0.9)]
+    pub beta_1: f32,
+    #[config(default = 0.999)]
+    pub beta_2: f32,
+    #[config(default = 1e-5)]
+    pub epsilon: f32,
+    /// Burn's `AdamWConfig` default.
+    #[config(default = 1e-4)]
+    pub weight_decay: f32,
+    /// AdamW (true) or Adam with L2 weight decay (false).
+    #[config(default = true)]
+    pub decoupled_weight_decay: bool,
+    /// Clip the gradient to this global L2 norm (over all ranks' shards), as PyTorch's
+    /// `clip_grad_norm_` does.
+    #[config(default = "None")]
+    pub max_grad_norm: Option<f32>,
+    /// Shard lengths are a multiple of this many elements (the fused kernels' vector width).
+    #[config(default = 4)]
+    pub align: usize,
+}
+
+impl ZeroAdamConfig {
+    /// The optimizer for `model`, whose trainable parameters `ddp` has prepared.
+    pub fn init<B, M>(&self, ddp: &burn_dist::Ddp, model: &M) -> crate::Result<ZeroAdam>
+    where
+        B: burn::tensor::backend::AutodiffBackend,
+        M: burn::module::AutodiffModule<B>,
+    {
+        ZeroAdam::new::<B, M>(self.clone(), ddp, model)
+    }
+}

@@ -1,0 +1,16 @@
+//! The one error type of burn-dist-zero.
+
+#[derive(Debug, thiserror::Error)]
+pub enum ZeroError {
+    #[error(transparent)]
+    Comm(#[from] burn_dist_comm::CommError),
+    #[error(transparent)]
+    Dist(#[from] burn_dist::DistError),
+    /// Boxed: a checkpoint error can itself carry a `ZeroError`.
+    #[error(transparent)]
+    Checkpoint(Box<crate::checkpoint::CheckpointError>),
+    #[error("{0}")]
+    Usage(String),
+}
+
+pub type Result<T, E = ZeroError> = std::result::Result<T, E>;

@@ -1,0 +1,385 @@
+//! `ZeroAdam`: Adam(W) whose fp32 master weights and moments are sharded across ranks.
+//!
+//! One step, as llm.c's ZeRO-1 path reads:
+//! 1. take this rank's shard of the (already averaged) gradient;
+//! 2. unscale it and check it; agree with every rank on "found inf" and the global norm
+//!    (one tiny all-gather, norms summed in f64 in rank order);
+//! 3. update the shard's master weights and moments with clipped AdamW (skipped everywhere if
+//!    any rank found inf/NaN);
+//! 4. all-gather the updated master shards and write them into the model's tensors.
+//!
+//! Each rank keeps `3 × shard_len` floats of state instead of `3 × total`.
+
+use std::sync::Arc;
+
+use burn::module::{AutodiffModule, ModuleMapper, ModuleVisitor, Param};
+use burn::optim::GradientsParams;
+use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::{Tensor, TensorData};
+use burn_dist::{Ddp, GradScaler, ParamInfo};
+use burn_dist_comm::{Communicator, HostBuffer, HostCommunicator};
+use burn_dist_kernels::{ModelCopy, StepScalars, adam_update, clip_factor, unscale_and_check};
+
+use crate::config::ZeroAdamConfig;
+use crate::error::{Result, ZeroError};
+use crate::flat::{FlatLayout, Piece};
+
+/// Adam(W) with sharded state. Build it with [`ZeroAdamConfig::init`].
+pub struct ZeroAdam {
+    config: ZeroAdamConfig,
+    comm: Arc<HostCommunicator>,
+    params: Vec<ParamInfo>,
+    layout: FlatLayout,
+    pieces: Vec<Piece>,
+    master: Vec<f32>,
+    m: Vec<f32>,
+    v: Vec<f32>,
+    /// Adam's step count per parameter of this shard (Burn counts per parameter: a parameter
+    /// without a gradient in a step does not advance).
+    time: Vec<u32>,
+    /// Steps skipped because some rank found inf/NaN.
+    skipped: u64,
+}
+
+/// One rank's optimizer state: its shard of the fp32 master weights and moments, and the
+/// per-parameter step counts (identical on every rank).
+#[derive(Debug, Clone, PartialEq)]
+pub struct OptimizerShard {
+    pub rank: usize,
+    pub layout: FlatLayout,
+    pub master: Vec<f32>,
+    pub m: Vec<f32>,
+    pub v: Vec<f32>,
+    pub time: Vec<u32>,
+    pub skipped: u64,
+}
+
+/// What a step did.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepReport {
+    /// Global L2 norm of the gradient before clipping.
+    pub grad_norm: f64,
+    /// The factor the gradient was multiplied by (1 when not clipped).
+    pub clip: f32,
+    /// Whether the step was skipped because some rank's gradient had inf or NaN.
+    pub skipped: bool,
+}
+
+impl ZeroAdam {
+    pub(crate) fn new<B: AutodiffBackend, M: AutodiffModule<B>>(
+        config: ZeroAdamConfig,
+        ddp: &Ddp,
+        model: &M,
+    ) -> Result<Self> {
+        let params = ddp.params().to_vec();
+        if params.is_empty() {
+            return Err(ZeroError::Usage(
+                "call `Ddp::prepare(model)` before building ZeroAdam".into(),
+            ));
+        }
+        let numels: Vec<usize> = params.iter().map(ParamInfo::numel).collect();
+        let layout = FlatLayout::new(&numels, ddp.world_size(), config.align);
+        let pieces = layout.pieces(ddp.rank());
+        let mut master = vec![0.0; layout.shard_len];
+        let mut read = ReadShard::<B> {
+            params: &params,
+            pieces: &pieces,
+            grads: None,
+            out: &mut master,
+            present: Vec::new(),
+            has_grad: vec![false; params.len()],
+            _b: Default::default(),
+        };
+        model.visit(&mut read);
+        Ok(ZeroAdam {
+            comm: ddp.comm(),
+            time: vec![0; params.len()],
+            m: vec![0.0; layout.shard_len],
+            v: vec![0.0; layout.shard_len],
+            master,
+            params,
+            layout,
+            pieces,
+            config,
+            skipped: 0,
+        })
+    }
+
+    /// The flat layout and this rank's shard of it.
+    pub fn layout(&self) -> &FlatLayout {
+        &self.layout
+    }
+
+    /// Optimizer-state floats this rank holds (master weights, first and second moments).
+    pub fn state_len(&self) -> usize {
+        self.master.len() + self.m.len() + self.v.len()
+    }
+
+    /// This rank's optimizer state, for checkpoints.
+    pub fn export(&self) -> OptimizerShard {
+        OptimizerShard {
+            rank: self.comm.rank(),
+            layout: self.layout.clone(),
+            master: self.master.clone(),
+            m: self.m.clone(),
+            v: self.v.clone(),
+            time: self.time.clone(),
+            skipped: self.skipped,
+        }
+    }
+
+    /// Replaces this rank's state with `shard`, which must have this rank's layout (resharding
+    /// a checkpoint written at another world size happens before, in `checkpoint`).
+    pub fn import(&mut self, shard: OptimizerShard) -> Result<()> {
+        if shard.layout != self.layout || shard.rank != self.comm.rank() {
+            return Err(ZeroError::Usage(format!(
+                "optimizer shard of rank {} ({} elements per shard over {} ranks) does not fit rank {} \
+                 ({} per shard over {})",
+                shard.rank,
+                shard.layout.shard_len,
+                shard.layout.world,
+                self.comm.rank(),
+                self.layout.shard_len,
+                self.layout.world
+            )));
+        }
+        self.master = shard.master;
+        self.m = shard.m;
+        self.v = shard.v;
+        self.time = shard.time;
+        self.skipped = shard.skipped;
+        Ok(())
+    }
+
+    /// Steps skipped so far because a gradient was not finite.
+    pub fn skipped_steps(&self) -> u64 {
+        self.skipped
+    }
+
+    /// One optimizer step with learning rate `lr` on gradients averaged over ranks.
+    pub fn step<B: AutodiffBackend, M: AutodiffModule<B>>(
+        &mut self,
+        lr: f64,
+        model: M,
+        grads: GradientsParams,
+        ddp: &Ddp,
+    ) -> Result<(M, StepReport)> {
+        self.step_unscaled::<B, M>(lr, model, grads, ddp, 1.0)
+    }
+
+    /// One step on gradients of a loss scaled by `scaler`: unscaled inside the fused pass,
+    /// skipped on every rank if any rank's gradient is not finite, and the scale updated. A
+    /// skipped step does not advance Adam's step count (nor, so, its bias correction); a
+    /// learning-rate schedule driven by the caller's step counter moves on regardless.
+    pub fn step_scaled<B: AutodiffBackend, M: AutodiffModule<B>>(
+        &mut self,
+        lr: f64,
+        model: M,
+        grads: GradientsParams,
+        ddp: &Ddp,
+        scaler: &mut GradScaler,
+    ) -> Result<(M, StepReport)> {
+        let stepped = self.step_unscaled::<B, M>(lr, model, grads, ddp, 1.0 / scaler.scale())?;
+        scaler.update(stepped.1.skipped);
+        Ok(stepped)
+    }
+
+    fn step_unscaled<B: AutodiffBackend, M: AutodiffModule<B>>(
+        &mut self,
+        lr: f64,
+        model: M,
+        grads: GradientsParams,
+        ddp: &Ddp,
+        inv_scale: f32,
+    ) -> Result<(M, StepReport)> {
+        // 1. This rank's shard of the gradient.
+        let mut grad = vec![0.0f32; self.layout.shard_len];
+        let mut read = ReadShard::<B> {
+            params: &self.params,
+            pieces: &self.pieces,
+            grads: Some(&grads),
+            out: &mut grad,
+            present: Vec::new(),
+            has_grad: vec![false; self.params.len()],
+            _b: Default::default(),
+        };
+        model.visit(&mut read);
+        let (present, has_grad) = (read.present, read.has_grad);
+
+        // 2. Agree on found-inf and the global norm.
+        let (found_inf, sum_sq) = unscale_and_check(&mut grad, inv_scale);
+        let (found_inf, total_sum_sq) = self.agree(found_inf, sum_sq)?;
+        let clip = clip_factor(total_sum_sq, self.config.max_grad_norm);
+        let report = StepReport {
+            grad_norm: total_sum_sq.sqrt(),
+            clip,
+            skipped: found_inf,
+        };
+
+        // 3. Clipped Adam(W) on the shard, parameter by parameter (Burn keeps a step count per
+        //    parameter, and a parameter without a gradient is left alone).
+        if found_inf {
+            self.skipped += 1;
+        } else {
+            // Every rank counts every parameter's steps, so that any rank's checkpoint (and any
+            // resharding) knows them all.
+            for (time, &stepped) in self.time.iter_mut().zip(&has_grad) {
+                *time += u32::from(stepped);
+            }
+            for (piece, has_grad) in self.pieces.iter().zip(&present) {
+                if !has_grad {
+                    continue;
+                }
+                let scalars = StepScalars {
+                    lr: lr as f32,
+                    beta1: self.config.beta_1,
+                    beta2: self.config.beta_2,
+                    eps: self.config.epsilon,
+                    weight_decay: self.config.weight_decay,
+                    decoupled: self.config.decoupled_weight_decay,
+                    step: self.time[piece.param],
+                };
+                let r = piece.in_shard.clone();
+                adam_update(
+                    &mut self.master[r.clone()],
+                    &mut self.m[r.clone()],
+                    &mut self.v[r.clone()],
+                    &grad[r],
+                    clip,
+                    false,
+                    &scalars,
+                    ModelCopy::None,
+                );
+            }
+        }
+
+        // 4. Everyone gets every updated shard.
+        let full = self
+            .comm
+            .all_gather(
+                HostBuffer::F32(self.master.clone()),
+                self.layout.padded_len(),
+            )
+            .wait()?;
+        let HostBuffer::F32(full) = full else {
+            unreachable!("f32 all-gather")
+        };
+        let model = model.map(&mut WriteParams::<B> {
+            params: &self.params,
+            layout: &self.layout,
+            flat: &full,
+            _b: Default::default(),
+        });
+        Ok((ddp.mark(model), report))
+    }
+
+    /// Every rank's (found_inf, sum of squares), gathered and folded in rank order in f64, so
+    /// every rank reaches the same decision and the same clip factor.
+    fn agree(&self, found_inf: bool, sum_sq: f64) -> Result<(bool, f64)> {
+        let mut mine = sum_sq.to_le_bytes().to_vec();
+        mine.extend_from_slice(&[u8::from(found_inf), 0, 0, 0, 0, 0, 0, 0]);
+        let world = self.comm.world_size();
+        let all = self
+            .comm
+            .all_gather(HostBuffer::U8(mine), 16 * world)
+            .wait()?;
+        let mut total = 0.0f64;
+        let mut any_inf = false;
+        for rank in all.as_bytes().chunks_exact(16) {
+            total += f64::from_le_bytes(rank[..8].try_into().expect("8 bytes"));
+            any_inf |= rank[8] != 0;
+        }
+        Ok((any_inf || !total.is_finite(), total))
+    }
+}
+
+/// Copies, for every piece of this rank's shard, either the parameter's values (building the
+/// master weights) or its gradient, into `out`; records which pieces had a gradient.
+struct ReadShard<'a, B: AutodiffBackend> {
+    params: &'a [ParamInfo],
+    pieces: &'a [Piece],
+    grads: Option<&'a GradientsParams>,
+    out: &'a mut [f32],
+    /// Per piece: whether its parameter had a gradient.
+    present: Vec<bool>,
+    /// Per parameter (all of them, not only this shard's): whether it had a gradient.
+    has_grad: Vec<bool>,
+    _b: std::marker::PhantomData<B>,
+}
+
+impl<B: AutodiffBackend> ModuleVisitor<B> for ReadShard<'_, B> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        let Some(index) = self.params.iter().position(|p| p.id == param.id) else {
+            return;
+        };
+        if let Some(grads) = self.grads {
+            self.has_grad[index] = grads.get::<B::InnerBackend, D>(param.id).is_some();
+        }
+        for piece in self.pieces.iter().filter(|p| p.param == index) {
+            let values = match self.grads {
+                None => Some(param.val().into_data()),
+                Some(grads) => grads
+                    .get::<B::InnerBackend, D>(param.id)
+                    .map(|g| g.into_data()),
+            };
+            self.present.push(values.is_some());
+            if let Some(values) = values {
+                let values = values
+                    .convert::<f32>()
+                    .into_vec::<f32>()
+                    .expect("f32 values");
+                self.out[piece.in_shard.clone()].copy_from_slice(&values[piece.within.clone()]);
+            }
+        }
+    }
+}
+
+/// Writes the gathered flat master weights into the model's tensors, in their dtype.
+struct WriteParams<'a, B: AutodiffBackend> {
+    params: &'a [ParamInfo],
+    layout: &'a FlatLayout,
+    flat: &'a [f32],
+    _b: std::marker::PhantomData<B>,
+}
+
+impl<B: AutodiffBackend> ModuleMapper<B> for WriteParams<'_, B> {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        let Some(index) = self.params.iter().position(|p| p.id == param.id) else {
+            return param;
+        };
+        let (id, tensor, mapper) = param.consume();
+        let info = &self.params[index];
+        let start = self.layout.offsets[index];
+        let values = self.flat[start..start + info.numel()].to_vec();
+        let data = TensorData::new(values, info.shape.clone()).convert_dtype(info.dtype);
+        let fresh = Tensor::from_data(data, &tensor.device()).require_grad();
+        Param::from_mapped_value(id, fresh, mapper)
+    }
+}
+
+impl burn_dist::testing::OptimizerKind for ZeroAdamConfig {
+    fn build<B, M>(&self, ddp: &Ddp, model: &M) -> Box<dyn burn_dist::testing::Stepper<B, M>>
+    where
+        B: AutodiffBackend,
+        M: AutodiffModule<B> + 'static,
+    {
+        Box::new(
+            self.init::<B, M>(ddp, model)
+                .expect("ZeroAdam for a prepared model"),
+        )
+    }
+}
+
+impl<B: AutodiffBackend, M: AutodiffModule<B>> burn_dist::testing::Stepper<B, M> for ZeroAdam {
+    fn step(
+        &mut self,
+        ddp: &Ddp,
+        lr: f64,
+        model: M,
+        grads: GradientsParams,
+    ) -> burn_dist::Result<M> {
+        ZeroAdam::step(self, lr, model, grads, ddp)
+            .map(|(model, _)| model)
+            .map_err(|e| burn_dist::DistError::Usage(e.to_string()))
+    }
+}

@@ -1,0 +1,451 @@
+//! Sharded checkpoints: exact resume, resharding to other world sizes, refusal of damaged
+//! checkpoints, consolidation and atomicity.
+
+use std::path::{Path, PathBuf};
+
+use burn::backend::Autodiff;
+use burn::tensor::Tensor;
+use burn_dist::testing::{MLP_SIZES, Mlp, parameters, relative_error, shard_rows, synthetic_rows};
+use burn_dist::{Ddp, DdpConfig, DistributedBackend, GradScalerConfig};
+use burn_dist_comm::testing::run_ranks;
+use burn_dist_comm::{CommConfig, HostCommunicator};
+use burn_dist_zero::checkpoint::{self, MANIFEST, MODEL_FILE, TrainingState};
+use burn_dist_zero::{OptimizerShard, ZeroAdamConfig};
+use burn_flex::{Flex, FlexDevice};
+use safetensors::{Dtype, SafeTensors};
+
+type B = Autodiff<DistributedBackend<Flex>>;
+
+/// Divisible by every world size used here, so every world size trains on the same batches.
+const GLOBAL_BATCH: usize = 12;
+const SAVE_AT: u64 = 3;
+const STEPS: u64 = 6;
+const SEED: u64 = 7;
+/// Fresh models of resumed runs start elsewhere, to prove the state comes from the files.
+const OTHER_SEED: u64 = 99;
+
+fn loss(model: &Mlp<B>, step: u64, rows: std::ops::Range<usize>) -> Tensor<B, 1> {
+    let [input, .., output] = MLP_SIZES;
+    let step = step as usize;
+    let x = synthetic_rows::<B, 2>(0, step, [GLOBAL_BATCH, input], rows.clone(), &FlexDevice);
+    let y = synthetic_rows::<B, 2>(1, step, [GLOBAL_BATCH, output], rows, &FlexDevice);
+    (model.forward(x) - y).powi_scalar(2).mean()
+}
+
+/// One rank's result of [`train`].
+#[derive(Debug, Clone)]
+struct Outcome {
+    /// Parameters and optimizer shard after the last step.
+    params: Vec<Vec<f32>>,
+    shard: OptimizerShard,
+    scaler: (f32, u32),
+    /// The optimizer shard right after a load (before any step), or when saving.
+    snapshot: Option<OptimizerShard>,
+    /// What `load` returned.
+    loaded: Option<TrainingState>,
+}
+
+#[derive(Clone, Copy, Default)]
+struct Plan<'a> {
+    world: usize,
+    seed: u64,
+    resume: Option<&'a Path>,
+    save: Option<(&'a Path, u64)>,
+    until: u64,
+}
+
+/// Trains an MLP with ZeroAdam and a loss scaler on `plan.world` thread ranks, optionally
+/// resuming from a checkpoint first and saving one on the way.
+fn train(plan: Plan<'_>) -> Vec<Outcome> {
+    let world = plan.world;
+    run_ranks(
+        HostCommunicator::local_group(world, &CommConfig::default()),
+        |rank, comm| {
+            let mut ddp = Ddp::for_thread(comm, DdpConfig::new());
+            let mut model = ddp
+                .prepare(Mlp::<B>::new(&MLP_SIZES, plan.seed, &FlexDevice))
+                .unwrap();
+            let mut zero = ZeroAdamConfig::new().init::<B, _>(&ddp, &model).unwrap();
+            let mut scaler = GradScalerConfig::new().with_growth_interval(2).init();
+            let (mut start, mut snapshot, mut loaded) = (0, None, None);
+            if let Some(path) = plan.resume {
+                let (m, state) = checkpoint::load(path, &ddp, model, &mut zero).unwrap();
+                model = m;
+                scaler = state.restore_scaler(scaler);
+                assert_eq!(state.samples_consumed, state.step * GLOBAL_BATCH as u64);
+                start = state.step;
+                snapshot = Some(zero.export());
+                loaded = Some(state);
+            }
+            for step in start..plan.until {
+                ddp.set_step(step);
+                let l =
+                    scaler.scale_loss(loss(&model, step, shard_rows(GLOBAL_BATCH, rank, world)));
+                let grads = ddp.backward(l, &model).unwrap().unwrap();
+                model = zero
+                    .step_scaled(1e-2, model, grads, &ddp, &mut scaler)
+                    .unwrap()
+                    .0;
+                if let Some((root, at)) = plan.save
+                    && step + 1 == at
+                {
+                    let state = TrainingState::new(at, at * GLOBAL_BATCH as u64)
+                        .with_scaler(&scaler)
+                        .with_random(0, at);
+                    checkpoint::save(root, &ddp, &model, &zero, &state).unwrap();
+                    snapshot = Some(zero.export());
+                }
+            }
+            Outcome {
+                params: parameters::<B, _>(&model),
+                shard: zero.export(),
+                scaler: (scaler.scale(), scaler.growth_tracker()),
+                snapshot,
+                loaded,
+            }
+        },
+    )
+}
+
+/// The uninterrupted 2-rank run, which saves at [`SAVE_AT`] under `root`.
+fn reference(root: &Path) -> Vec<Outcome> {
+    train(Plan {
+        world: 2,
+        seed: SEED,
+        save: Some((root, SAVE_AT)),
+        until: STEPS,
+        ..Default::default()
+    })
+}
+
+/// Master weights, m and v of every rank's shard joined, padding dropped.
+fn joined(shards: &[OptimizerShard]) -> [Vec<f32>; 3] {
+    let total = shards[0].layout.total;
+    let join = |f: fn(&OptimizerShard) -> &Vec<f32>| -> Vec<f32> {
+        let mut out: Vec<f32> = shards.iter().flat_map(|s| f(s).iter().copied()).collect();
+        out.truncate(total);
+        out
+    };
+    [join(|s| &s.master), join(|s| &s.m), join(|s| &s.v)]
+}
+
+fn snapshots(outcomes: &[Outcome]) -> Vec<OptimizerShard> {
+    outcomes
+        .iter()
+        .map(|o| o.snapshot.clone().unwrap())
+        .collect()
+}
+
+#[test]
+fn resume_is_bitwise_identical() {
+    let root = tempfile::tempdir().unwrap();
+    let uninterrupted = reference(root.path());
+    let fresh = train(Plan {
+        world: 2,
+        seed: OTHER_SEED,
+        until: 0,
+        ..Default::default()
+    });
+    assert_ne!(fresh[0].params, uninterrupted[0].params);
+
+    let resumed = train(Plan {
+        world: 2,
+        seed: OTHER_SEED,
+        resume: Some(root.path()),
+        until: STEPS,
+        ..Default::default()
+    });
+    for (rank, (a, b)) in resumed.iter().zip(&uninterrupted).enumerate() {
+        assert!(a.params == b.params, "rank {rank}: parameters differ");
+        assert!(a.shard == b.shard, "rank {rank}: optimizer state differs");
+        assert_eq!(a.scaler, b.scaler, "rank {rank}: loss scaler");
+        assert_eq!(a.loaded.unwrap().step, SAVE_AT);
+    }
+}
+
+#[test]
+fn resharding_is_exact_at_any_world_size() {
+    let root = tempfile::tempdir().unwrap();
+    let uninterrupted = reference(root.path());
+    let saved = joined(&snapshots(&uninterrupted));
+    let full = checkpoint::read_full(root.path()).unwrap();
+    assert!(
+        [full.master, full.m, full.v] == saved,
+        "read_full joins the shards"
+    );
+
+    for world in [1, 3, 4] {
+        let resumed = train(Plan {
+            world,
+            seed: OTHER_SEED,
+            resume: Some(root.path()),
+            until: STEPS,
+            ..Default::default()
+        });
+        let loaded = snapshots(&resumed);
+        assert_eq!(loaded.len(), world);
+        assert!(
+            joined(&loaded) == saved,
+            "{world} ranks: the resharded state differs from the saved one"
+        );
+        assert!(loaded.iter().all(|s| {
+            s.time == loaded[0].time
+                && s.time
+                    == uninterrupted[0]
+                        .shard
+                        .time
+                        .iter()
+                        .map(|&t| t - (STEPS - SAVE_AT) as u32)
+                        .collect::<Vec<_>>()
+        }));
+        for (i, (a, b)) in resumed[0]
+            .params
+            .iter()
+            .zip(&uninterrupted[0].params)
+            .enumerate()
+        {
+            let error = relative_error(a, b);
+            assert!(error <= 1e-5, "{world} ranks: tensor {i} off by {error:e}");
+        }
+        for rank in 1..world {
+            assert!(
+                resumed[rank].params == resumed[0].params,
+                "{world} ranks: rank {rank} diverged"
+            );
+        }
+    }
+}
+
+/// Loads `path` at 2 ranks into fresh models; every rank's error.
+fn load_errors(path: &Path) -> Vec<String> {
+    run_ranks(
+        HostCommunicator::local_group(2, &CommConfig::default()),
+        |_, comm| {
+            let mut ddp = Ddp::for_thread(comm, DdpConfig::new());
+            let model = ddp
+                .prepare(Mlp::<B>::new(&MLP_SIZES, OTHER_SEED, &FlexDevice))
+                .unwrap();
+            let mut zero = ZeroAdamConfig::new().init::<B, _>(&ddp, &model).unwrap();
+            match checkpoint::load(path, &ddp, model, &mut zero) {
+                Ok(_) => "loaded".to_string(),
+                Err(e) => e.to_string(),
+            }
+        },
+    )
+}
+
+/// A copy of the step directory `src` under a fresh root, to damage.
+fn copy_checkpoint(src: &Path) -> (tempfile::TempDir, PathBuf) {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join(src.file_name().unwrap());
+    std::fs::create_dir(&dir).unwrap();
+    for entry in std::fs::read_dir(src).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), dir.join(entry.file_name())).unwrap();
+    }
+    (root, dir)
+}
+
+fn assert_refused(errors: &[String], needles: &[&str]) {
+    for (rank, error) in errors.iter().enumerate() {
+        for needle in needles {
+            assert!(
+                error.contains(needle),
+                "rank {rank}: `{error}` does not mention `{needle}`"
+            );
+        }
+    }
+}
+
+#[test]
+fn damaged_checkpoints_are_refused_naming_the_file() {
+    let root = tempfile::tempdir().unwrap();
+    train(Plan {
+        world: 2,
+        seed: SEED,
+        save: Some((root.path(), 1)),
+        until: 1,
+        ..Default::default()
+    });
+    let good = checkpoint::step_dir(root.path(), 1);
+    assert_eq!(load_errors(&good), ["loaded", "loaded"]);
+
+    // A flipped byte in a shard and in the weights.
+    for name in ["optim-rank-00001.bin", MODEL_FILE] {
+        let (_keep, dir) = copy_checkpoint(&good);
+        let path = dir.join(name);
+        let mut bytes = std::fs::read(&path).unwrap();
+        let at = bytes.len() / 2;
+        bytes[at] ^= 0x10;
+        std::fs::write(&path, bytes).unwrap();
+        assert_refused(&load_errors(&dir), &[name, "checksum mismatch"]);
+    }
+
+    // A truncated shard.
+    let (_keep, dir) = copy_checkpoint(&good);
+    let path = dir.join("optim-rank-00000.bin");
+    let bytes = std::fs::read(&path).unwrap();
+    std::fs::write(&path, &bytes[..bytes.len() - 100]).unwrap();
+    let errors = load_errors(&dir);
+    assert_refused(&errors, &["optim-rank-00000.bin", "truncated"]);
+    assert!(
+        errors[1].starts_with("rank 0:"),
+        "names the failing rank: {}",
+        errors[1]
+    );
+
+    // No manifest: incomplete, by directory and by root.
+    let (keep, dir) = copy_checkpoint(&good);
+    std::fs::remove_file(dir.join(MANIFEST)).unwrap();
+    assert_refused(&load_errors(&dir), &[dir.to_str().unwrap(), "incomplete"]);
+    assert_refused(&load_errors(keep.path()), &["no complete checkpoint"]);
+
+    // A manifest from a newer format.
+    let (_keep, dir) = copy_checkpoint(&good);
+    let path = dir.join(MANIFEST);
+    let text = std::fs::read_to_string(&path).unwrap();
+    let newer = text.replace("\"format_version\": 1", "\"format_version\": 2");
+    assert_ne!(text, newer);
+    std::fs::write(&path, newer).unwrap();
+    assert_refused(&load_errors(&dir), &["manifest.json", "format version 2"]);
+}
+
+#[test]
+fn consolidation_holds_the_gathered_state() {
+    let root = tempfile::tempdir().unwrap();
+    let outcomes = train(Plan {
+        world: 2,
+        seed: SEED,
+        save: Some((root.path(), 2)),
+        until: 2,
+        ..Default::default()
+    });
+    let [master, m, v] = joined(&snapshots(&outcomes));
+    let out = root.path().join("full.safetensors");
+    checkpoint::consolidate(root.path(), &out).unwrap();
+
+    let bytes = std::fs::read(&out).unwrap();
+    let file = SafeTensors::deserialize(&bytes).unwrap();
+    let manifest = checkpoint::Manifest::read(&checkpoint::step_dir(root.path(), 2)).unwrap();
+    assert_eq!(file.len(), 3 * manifest.params.len());
+    let mut at = 0;
+    for p in &manifest.params {
+        let n: usize = p.shape.iter().product();
+        for (suffix, flat) in [("", &master), (".exp_avg", &m), (".exp_avg_sq", &v)] {
+            let tensor = file.tensor(&format!("{}{suffix}", p.name)).unwrap();
+            assert_eq!(tensor.dtype(), Dtype::F32);
+            assert_eq!(tensor.shape(), p.shape.as_slice());
+            let values: Vec<f32> = bytemuck::pod_collect_to_vec(tensor.data());
+            assert!(values == flat[at..at + n], "{}{suffix}", p.name);
+        }
+        at += n;
+    }
+    assert_eq!(at, master.len());
+
+    // The model weights are plain safetensors too, named by path, in the model's dtype.
+    let bytes = std::fs::read(checkpoint::step_dir(root.path(), 2).join(MODEL_FILE)).unwrap();
+    let weights = SafeTensors::deserialize(&bytes).unwrap();
+    assert!(manifest.params.iter().any(|p| p.name == "layers.0.weight"));
+    for (p, values) in manifest.params.iter().zip(&outcomes[0].params) {
+        let tensor = weights.tensor(&p.name).unwrap();
+        assert_eq!(tensor.dtype(), Dtype::F32);
+        let stored: Vec<f32> = bytemuck::pod_collect_to_vec(tensor.data());
+        assert!(&stored == values, "{}", p.name);
+    }
+}
+
+#[test]
+fn an_interrupted_save_leaves_the_previous_checkpoint_latest() {
+    let root = tempfile::tempdir().unwrap();
+    train(Plan {
+        world: 2,
+        seed: SEED,
+        save: Some((root.path(), 2)),
+        until: 2,
+        ..Default::default()
+    });
+    // A later save that wrote its shards but crashed before the manifest: simulated by a
+    // complete save with its manifest removed, and one that wrote a single shard.
+    train(Plan {
+        world: 2,
+        seed: SEED,
+        save: Some((root.path(), 4)),
+        until: 4,
+        ..Default::default()
+    });
+    std::fs::remove_file(checkpoint::step_dir(root.path(), 4).join(MANIFEST)).unwrap();
+    let partial = checkpoint::step_dir(root.path(), 6);
+    std::fs::create_dir(&partial).unwrap();
+    std::fs::write(partial.join("optim-rank-00000.bin"), b"BDZSHARD").unwrap();
+
+    let latest = checkpoint::latest(root.path()).unwrap().unwrap();
+    assert_eq!(latest, checkpoint::step_dir(root.path(), 2));
+    let resumed = train(Plan {
+        world: 2,
+        seed: OTHER_SEED,
+        resume: Some(root.path()),
+        until: 2,
+        ..Default::default()
+    });
+    assert_eq!(resumed[0].loaded.unwrap().step, 2);
+}
+
+#[test]
+fn the_cli_inspects_and_consolidates() {
+    let root = tempfile::tempdir().unwrap();
+    let outcomes = train(Plan {
+        world: 2,
+        seed: SEED,
+        save: Some((root.path(), 2)),
+        until: 2,
+        ..Default::default()
+    });
+    let cli = |args: &[&std::ffi::OsStr]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_burn-dist-ckpt"))
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let inspect = cli(&["inspect".as_ref(), root.path().as_os_str()]);
+    let stdout = String::from_utf8_lossy(&inspect.stdout);
+    assert!(inspect.status.success(), "{inspect:?}");
+    for needle in [
+        "step         2",
+        "world size   2",
+        "layers.0.weight",
+        "optim-rank-00001.bin",
+        "verified",
+    ] {
+        assert!(
+            stdout.contains(needle),
+            "inspect output lacks `{needle}`:\n{stdout}"
+        );
+    }
+
+    let out = root.path().join("full.safetensors");
+    let consolidate = cli(&[
+        "consolidate".as_ref(),
+        root.path().as_os_str(),
+        out.as_os_str(),
+    ]);
+    assert!(consolidate.status.success(), "{consolidate:?}");
+    let bytes = std::fs::read(&out).unwrap();
+    let file = SafeTensors::deserialize(&bytes).unwrap();
+    let [master, ..] = joined(&snapshots(&outcomes));
+    let first: Vec<f32> =
+        bytemuck::pod_collect_to_vec(file.tensor("layers.0.weight").unwrap().data());
+    assert!(first == master[..first.len()]);
+
+    // A damaged shard: the summary, then an error naming the file, and a failure status.
+    let shard = checkpoint::step_dir(root.path(), 2).join("optim-rank-00001.bin");
+    let mut bytes = std::fs::read(&shard).unwrap();
+    bytes[200] ^= 1;
+    std::fs::write(&shard, bytes).unwrap();
+    let inspect = cli(&["inspect".as_ref(), root.path().as_os_str()]);
+    let stderr = String::from_utf8_lossy(&inspect.stderr);
+    assert!(!inspect.status.success());
+    assert!(
+        stderr.contains("optim-rank-00001.bin") && stderr.contains("checksum"),
+        "{stderr}"
+    );
+}

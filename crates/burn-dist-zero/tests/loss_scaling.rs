@@ -1,0 +1,96 @@
+//! ZeroAdam with a GradScaler: exact when nothing overflows, and a non-finite gradient on one
+//! rank skips the step on every rank without advancing Adam.
+
+use burn::backend::Autodiff;
+use burn::tensor::Tensor;
+use burn_dist::testing::{MLP_SIZES, Mlp, parameters, shard_rows, synthetic_rows};
+use burn_dist::{Ddp, DdpConfig, DistributedBackend, GradScalerConfig};
+use burn_dist_comm::testing::run_ranks;
+use burn_dist_comm::{CommConfig, HostCommunicator};
+use burn_dist_zero::ZeroAdamConfig;
+use burn_flex::{Flex, FlexDevice};
+
+type B = Autodiff<DistributedBackend<Flex>>;
+
+const GLOBAL_BATCH: usize = 12;
+
+fn loss(model: &Mlp<B>, step: usize, rows: std::ops::Range<usize>) -> Tensor<B, 1> {
+    let [input, .., output] = MLP_SIZES;
+    let x = synthetic_rows::<B, 2>(0, step, [GLOBAL_BATCH, input], rows.clone(), &FlexDevice);
+    let y = synthetic_rows::<B, 2>(1, step, [GLOBAL_BATCH, output], rows, &FlexDevice);
+    (model.forward(x) - y).powi_scalar(2).mean()
+}
+
+/// Trains 3 ranks for `steps`. With `scaled`, through a GradScaler; `poison(rank, step)`
+/// makes that rank's loss infinite at that step. Returns (parameters, scale, skipped) per rank.
+fn train(
+    steps: &[usize],
+    scaled: bool,
+    poison: &(dyn Fn(usize, usize) -> bool + Sync),
+) -> Vec<(Vec<Vec<f32>>, f32, u64)> {
+    run_ranks(
+        HostCommunicator::local_group(3, &CommConfig::default()),
+        |rank, comm| {
+            let mut ddp = Ddp::for_thread(comm, DdpConfig::new());
+            let mut model = ddp
+                .prepare(Mlp::<B>::new(&MLP_SIZES, 7, &FlexDevice))
+                .unwrap();
+            let mut zero = ZeroAdamConfig::new().init::<B, _>(&ddp, &model).unwrap();
+            let mut scaler = GradScalerConfig::new().with_growth_interval(2).init();
+            for &step in steps {
+                let mut l = loss(&model, step, shard_rows(GLOBAL_BATCH, rank, 3));
+                if poison(rank, step) {
+                    l = l.mul_scalar(f32::INFINITY);
+                }
+                if scaled {
+                    l = scaler.scale_loss(l);
+                }
+                let grads = ddp.backward(l, &model).unwrap().unwrap();
+                model = if scaled {
+                    zero.step_scaled(1e-2, model, grads, &ddp, &mut scaler)
+                        .unwrap()
+                        .0
+                } else {
+                    zero.step(1e-2, model, grads, &ddp).unwrap().0
+                };
+            }
+            (
+                parameters::<B, _>(&model),
+                scaler.scale(),
+                zero.skipped_steps(),
+            )
+        },
+    )
+}
+
+#[test]
+fn power_of_two_loss_scale_changes_nothing() {
+    let plain = train(&[0, 1, 2, 3, 4], false, &|_, _| false);
+    let scaled = train(&[0, 1, 2, 3, 4], true, &|_, _| false);
+    assert_eq!(
+        scaled[0].0, plain[0].0,
+        "scaling by 2^k and unscaling is exact"
+    );
+    assert_eq!(
+        scaled[0].1,
+        65536.0 * 4.0,
+        "grew twice (interval 2, 5 clean steps)"
+    );
+}
+
+#[test]
+fn inf_on_one_rank_skips_the_step_on_every_rank_without_advancing_adam() {
+    let poisoned = train(&[0, 1, 2, 3, 4], true, &|rank, step| rank == 1 && step == 2);
+    // The same run without step 2 at all: Adam's step count and moments must match.
+    let without = train(&[0, 1, 3, 4], true, &|_, _| false);
+    for (rank, (params, scale, skipped)) in poisoned.iter().enumerate() {
+        assert_eq!(*skipped, 1, "rank {rank} must skip exactly one step");
+        assert_eq!(params, &poisoned[0].0, "rank {rank} diverged");
+        // 65536, grown after steps 0-1, backed off at 2, grown after 3-4: the same everywhere.
+        assert_eq!(*scale, 131072.0, "rank {rank}'s scale");
+    }
+    assert_eq!(
+        poisoned[0].0, without[0].0,
+        "a skipped step leaves parameters and Adam state as if it never happened"
+    );
+}

@@ -1,0 +1,131 @@
+//! ZeroAdam at 1–4 ranks equals Burn's AdamW (and Adam) on one rank over 50 steps.
+
+use burn::backend::Autodiff;
+use burn_dist::testing::{BurnAdamW, OptimizerKind, Synthetic, relative_error, train_synthetic};
+use burn_dist::{BucketConfig, Ddp, DdpConfig, DistributedBackend};
+use burn_dist_comm::testing::run_ranks;
+use burn_dist_comm::{CommConfig, HostCommunicator};
+use burn_dist_zero::ZeroAdamConfig;
+use burn_flex::{Flex, FlexDevice};
+
+type B = Autodiff<DistributedBackend<Flex>>;
+
+const STEPS: usize = 50;
+const LR: f64 = 1e-2;
+const GLOBAL_BATCH: usize = 12;
+
+fn train(
+    task: Synthetic,
+    world: usize,
+    optimizer: &(impl OptimizerKind + Sync),
+) -> Vec<Vec<Vec<f32>>> {
+    let config = DdpConfig::new().with_buckets(
+        BucketConfig::new()
+            .with_first_bucket_bytes(1024)
+            .with_bucket_bytes(4096),
+    );
+    run_ranks(
+        HostCommunicator::local_group(world, &CommConfig::default()),
+        |_, comm| {
+            let mut ddp = Ddp::for_thread(comm, config.clone());
+            train_synthetic::<B>(
+                &mut ddp,
+                task,
+                optimizer,
+                STEPS,
+                GLOBAL_BATCH,
+                LR,
+                &FlexDevice,
+                |_, _| {},
+            )
+            .unwrap()
+        },
+    )
+}
+
+fn assert_matches(task: Synthetic, zero: ZeroAdamConfig, burn: &(impl OptimizerKind + Sync)) {
+    let reference = train(task, 1, burn).remove(0);
+    for world in 1..=4 {
+        let ranks = train(task, world, &zero);
+        for (rank, params) in ranks.iter().enumerate() {
+            assert!(
+                params == &ranks[0],
+                "{task:?}, {world} ranks: rank {rank} differs from rank 0"
+            );
+        }
+        for (i, (a, b)) in ranks[0].iter().zip(&reference).enumerate() {
+            let error = relative_error(a, b);
+            assert!(
+                error <= 1e-5,
+                "{task:?}, {world} ranks: tensor {i} differs from Burn's by {error:e}"
+            );
+        }
+    }
+}
+
+#[test]
+fn zero_adamw_equals_burn_adamw_mlp() {
+    assert_matches(Synthetic::Mlp, ZeroAdamConfig::new(), &BurnAdamW);
+}
+
+#[test]
+fn zero_adamw_equals_burn_adamw_transformer() {
+    assert_matches(Synthetic::Transformer, ZeroAdamConfig::new(), &BurnAdamW);
+}
+
+#[test]
+fn optimizer_state_per_rank_is_one_nth_plus_padding() {
+    use burn_dist::testing::{MLP_SIZES, Mlp};
+    let lens = run_ranks(
+        HostCommunicator::local_group(3, &CommConfig::default()),
+        |_, comm| {
+            let mut ddp = Ddp::for_thread(comm, DdpConfig::new());
+            let model = ddp
+                .prepare(Mlp::<B>::new(&MLP_SIZES, 7, &FlexDevice))
+                .unwrap();
+            let zero = ZeroAdamConfig::new().init::<B, _>(&ddp, &model).unwrap();
+            (zero.state_len(), zero.layout().total)
+        },
+    );
+    for (state, total) in lens {
+        let per_rank = total.div_ceil(3).div_ceil(4) * 4;
+        assert_eq!(state, 3 * per_rank, "master, m and v of one shard");
+        assert!(
+            3 * per_rank * 3 - 3 * total < 3 * 4 * 3,
+            "padding stays below one vector per rank"
+        );
+    }
+}
+
+#[test]
+fn zero_adam_without_decoupled_decay_equals_burn_adam() {
+    let zero = ZeroAdamConfig::new()
+        .with_decoupled_weight_decay(false)
+        .with_weight_decay(0.0);
+    assert_matches(Synthetic::Mlp, zero, &burn_dist::testing::BurnAdam);
+}
+
+#[test]
+fn global_norm_clipping_does_not_depend_on_the_sharding() {
+    // A max norm far below the gradient norm, so every step clips.
+    let clipped = ZeroAdamConfig::new().with_max_grad_norm(Some(1e-3));
+    let reference = train(Synthetic::Mlp, 1, &clipped).remove(0);
+    let unclipped = train(Synthetic::Mlp, 1, &ZeroAdamConfig::new()).remove(0);
+    assert!(
+        reference
+            .iter()
+            .zip(&unclipped)
+            .any(|(a, b)| relative_error(a, b) > 1e-3),
+        "clipping must change the result"
+    );
+    for world in 2..=4 {
+        let ranks = train(Synthetic::Mlp, world, &clipped);
+        for (i, (a, b)) in ranks[0].iter().zip(&reference).enumerate() {
+            let error = relative_error(a, b);
+            assert!(
+                error <= 1e-5,
+                "{world} ranks: tensor {i} differs from 1 rank by {error:e}"
+            );
+        }
+    }
+}
