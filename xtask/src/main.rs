@@ -9,26 +9,27 @@ usage: cargo xtask <task>
 tasks:
   test          every test of the workspace (what CI runs)
   integration   the multi-process tests only (launcher, real ranks on loopback)
-  demo          4 ranks all-reduce and verify 16 MiB through the launcher (release build)
+  demo          2 processes train a transformer block data-parallel through the launcher
+                (release build; the README's main command until the GPT example exists)
   fuzz [SECS]   fuzz the TCP store's frame decoder for SECS seconds (default 600)
-  bench         the criterion benches (figures in target/criterion; see docs/perf/)";
+  bench         the criterion benches (figures in target/criterion; see docs/perf/)
+  bench-overhead [ROUNDS]
+                DDP overhead at world size 1: the same transformer step on plain
+                Autodiff<Flex> and under DDP, interleaved ROUNDS times (default 6), release
+                (see docs/perf/ddp-overhead.md)";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
         Some("test") => cargo(&["test", "--workspace", "--all-targets", "--locked"]),
-        Some("integration") => cargo(&[
-            "test",
-            "-p",
-            "burn-dist-run",
-            "--test",
-            "multiprocess",
-            "--test",
-            "launcher",
-        ]),
+        Some("integration") => integration(),
         Some("demo") => demo(),
         Some("fuzz") => fuzz(args.get(1).map_or("600", String::as_str)),
         Some("bench") => cargo(&["bench", "-p", "burn-dist-benches"]),
+        Some("bench-overhead") => match args.get(1).map_or(Ok(6), |r| r.parse::<usize>()) {
+            Ok(rounds) if rounds > 0 => bench_overhead(rounds),
+            _ => Err("bench-overhead: ROUNDS must be a positive number".into()),
+        },
         _ => {
             eprintln!("{USAGE}");
             return ExitCode::from(2);
@@ -67,12 +68,43 @@ fn target_dir() -> std::path::PathBuf {
 }
 
 fn demo() -> Result<(), String> {
-    cargo(&["build", "--release", "-p", "burn-dist-run", "--bins"])?;
+    cargo(&[
+        "build",
+        "--release",
+        "-p",
+        "burn-dist-run",
+        "-p",
+        "synthetic-ddp",
+        "--bins",
+    ])?;
     let bin = target_dir().join("release");
     run(Command::new(bin.join("burn-dist-run"))
-        .args(["--nproc-per-node", "4", "--master-port", "0", "--"])
-        .arg(bin.join("burn-dist-check"))
-        .args(["--mib", "16", "--iters", "20"]))
+        .args(["--nproc-per-node", "2", "--master-port", "0", "--"])
+        .arg(bin.join("synthetic-ddp"))
+        .args([
+            "--model",
+            "transformer",
+            "--steps",
+            "100",
+            "--global-batch",
+            "16",
+        ]))
+}
+
+/// The tests that start real processes: the launcher's own, host collectives between ranks,
+/// and training through the launcher.
+fn integration() -> Result<(), String> {
+    cargo(&["build", "-p", "burn-dist-run", "--bins"])?;
+    cargo(&[
+        "test",
+        "-p",
+        "burn-dist-run",
+        "--test",
+        "multiprocess",
+        "--test",
+        "launcher",
+    ])?;
+    cargo(&["test", "-p", "synthetic-ddp", "--test", "launched"])
 }
 
 /// cargo-fuzz needs nightly flags; RUSTC_BOOTSTRAP lets the stable toolchain accept them.
@@ -91,4 +123,145 @@ fn fuzz(seconds: &str) -> Result<(), String> {
         .env("CARGO_TARGET_DIR", target_dir().join("fuzz"))
         .args(["fuzz", "run", "store_frame", "--", "-max_len=4096"])
         .arg(format!("-max_total_time={seconds}")))
+}
+
+/// Builds a criterion bench without running it and returns its executable. `plain` builds the
+/// reference workspace benches/plain in its own target dir: it must never share a build (and so
+/// features) with this workspace, which turns on Burn's `distributed`.
+fn build_bench(plain: bool, bench: &str) -> Result<std::path::PathBuf, String> {
+    let mut command = Command::new(env!("CARGO"));
+    command.args(["bench", "--locked", "--no-run", "--bench", bench]);
+    command.args(["--message-format", "json-render-diagnostics"]);
+    if plain {
+        command.arg("--manifest-path").arg(plain_manifest());
+        command.env("CARGO_TARGET_DIR", target_dir().join("plain"));
+    } else {
+        command.args(["-p", "burn-dist-benches"]);
+    }
+    let shown = format!("{command:?}");
+    let output = command
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .map_err(|e| format!("cannot run {shown}: {e}"))?;
+    if !output.status.success() {
+        return Err(format!("{shown} failed: {}", output.status));
+    }
+    // One JSON object per line; the bench's artifact line carries its "executable" path.
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    stdout
+        .lines()
+        .filter(|l| l.contains(r#""reason":"compiler-artifact""#))
+        .filter(|l| l.contains(&format!(r#""name":"{bench}""#)))
+        .find_map(|l| json_string(l, "executable"))
+        .map(Into::into)
+        .ok_or_else(|| format!("{shown} reported no executable for bench {bench}"))
+}
+
+fn plain_manifest() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../benches/plain/Cargo.toml")
+}
+
+/// The string value of the first `"key":"…"` in a line of JSON (no escapes expected in paths).
+fn json_string(line: &str, key: &str) -> Option<String> {
+    let start = line.find(&format!(r#""{key}":""#))? + key.len() + 4;
+    let len = line[start..].find('"')?;
+    Some(line[start..start + len].to_string())
+}
+
+/// The number after the first `"point_estimate":` following `"section":` in criterion's
+/// estimates.json.
+fn json_estimate(text: &str, section: &str) -> Option<f64> {
+    let at = text.find(&format!(r#""{section}":"#))?;
+    let rest = &text[at..];
+    let start = rest.find(r#""point_estimate":"#)? + r#""point_estimate":"#.len();
+    let end = rest[start..].find([',', '}'])?;
+    rest[start..start + end].trim().parse().ok()
+}
+
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    if n % 2 == 1 {
+        values[n / 2]
+    } else {
+        (values[n / 2 - 1] + values[n / 2]) / 2.0
+    }
+}
+
+/// Builds both benches, then runs them alternately `rounds` times (swapping which goes first
+/// every round) so that machine drift affects both, and reports the median step times and the
+/// DDP/plain ratio. The DDP bench also measures the decorator without a `Ddp` (no hooks), which
+/// splits the overhead into decorator and reducer. Each run writes criterion's output under its
+/// own CRITERION_HOME, so every round's `new/estimates.json` is that run's alone.
+fn bench_overhead(rounds: usize) -> Result<(), String> {
+    let benches = [
+        (
+            "plain",
+            build_bench(true, "plain_step")?,
+            &["plain_flex"][..],
+        ),
+        (
+            "ddp",
+            build_bench(false, "ddp_overhead")?,
+            &["decorated_no_ddp", "ddp_world_1"][..],
+        ),
+    ];
+    let home = target_dir().join("bench-overhead");
+    // Milliseconds per round of: plain, decorated without DDP, DDP.
+    let mut times: Vec<[f64; 3]> = Vec::new();
+    for round in 0..rounds {
+        let mut order = [0, 1];
+        if round % 2 == 1 {
+            order.reverse();
+        }
+        let mut row = Vec::new();
+        for i in order {
+            let (name, exe, functions) = &benches[i];
+            let dir = home.join(format!("round-{round}")).join(name);
+            let _ = std::fs::remove_dir_all(&dir);
+            eprintln!("xtask: round {}/{rounds}: {name}", round + 1);
+            run(Command::new(exe)
+                .env("CRITERION_HOME", &dir)
+                .args(["--bench", "--noplot", "--warm-up-time", "2"])
+                .args(["--measurement-time", "6", "transformer_step"]))?;
+            for function in *functions {
+                let file = dir.join(format!("transformer_step/{function}/new/estimates.json"));
+                let text = std::fs::read_to_string(&file)
+                    .map_err(|e| format!("cannot read {}: {e}", file.display()))?;
+                let ns = json_estimate(&text, "median")
+                    .ok_or_else(|| format!("no median in {}", file.display()))?;
+                row.push((*function, ns / 1e6));
+            }
+        }
+        let get = |f: &str| row.iter().find(|(n, _)| *n == f).expect("measured").1;
+        times.push([
+            get("plain_flex"),
+            get("decorated_no_ddp"),
+            get("ddp_world_1"),
+        ]);
+    }
+    println!("\nmedian step time per criterion run, ms (odd rounds ran plain first)");
+    println!("round   plain  decorated     ddp  ddp/plain");
+    for (round, [plain, decorated, ddp]) in times.iter().enumerate() {
+        let ratio = ddp / plain;
+        println!(
+            "{:>5}  {plain:>6.2}  {decorated:>9.2}  {ddp:>6.2}  {ratio:>9.4}",
+            round + 1
+        );
+    }
+    let column = |c: usize| median(&mut times.iter().map(|t| t[c]).collect::<Vec<_>>());
+    let ratio = |c: usize| median(&mut times.iter().map(|t| t[c] / t[0]).collect::<Vec<_>>());
+    let (plain, decorated, ddp) = (column(0), column(1), column(2));
+    let (decorator_ratio, ddp_ratio) = (ratio(1), ratio(2));
+    println!(
+        "\nmedians over {rounds} rounds: plain Autodiff<Flex> {plain:.2} ms, decorated without \
+         DDP {decorated:.2} ms, DDP world size 1 {ddp:.2} ms\n\
+         decorator alone: {:+.2} %; DDP overhead: {:+.2} % (median of per-round ratios), \
+         {:+.2} % (ratio of medians); goal <= 5 %: {}",
+        (decorator_ratio - 1.0) * 100.0,
+        (ddp_ratio - 1.0) * 100.0,
+        (ddp / plain - 1.0) * 100.0,
+        if ddp_ratio <= 1.05 { "met" } else { "MISSED" }
+    );
+    Ok(())
 }

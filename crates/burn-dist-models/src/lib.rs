@@ -157,3 +157,5 @@ pub fn shard_rows(global_batch: usize, rank: usize, world: usize) -> std::ops::R
     let per = global_batch / world;
     rank * per..(rank + 1) * per
 }
+
+pub mod step;

@@ -6,7 +6,7 @@
 use std::io::{Read, Write};
 use std::path::Path;
 
-use burn::module::{AutodiffModule, Module, ModuleVisitor, Param};
+use burn::module::{Module, ModuleVisitor, Param};
 use burn::optim::{GradientsParams, Optimizer};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{ElementConversion, Tensor};
@@ -30,7 +30,7 @@ pub struct StepConfig {
 pub const BENCH: StepConfig = StepConfig {
     d_model: 256,
     heads: 8,
-    batch: 8,
+    batch: 16,
     seq: 32,
     seed: 17,
 };
@@ -50,7 +50,11 @@ impl StepConfig {
     }
 
     /// Input and target of step `step`: seeded, identical in every build.
-    pub fn batch<B: Backend>(&self, step: usize, device: &B::Device) -> (Tensor<B, 3>, Tensor<B, 3>) {
+    pub fn batch<B: Backend>(
+        &self,
+        step: usize,
+        device: &B::Device,
+    ) -> (Tensor<B, 3>, Tensor<B, 3>) {
         let shape = [self.batch, self.seq, self.d_model];
         let x = synthetic_rows::<B, 3>(0, step, shape, 0..self.batch, device);
         let y = synthetic_rows::<B, 3>(1, step, shape, 0..self.batch, device);
@@ -94,12 +98,13 @@ pub fn float_params<B: Backend, M: Module<B>>(model: &M) -> Vec<Vec<f32>> {
 }
 
 /// Bytes of f32 gradient per step: 4 × the elements of every trainable float parameter.
-pub fn trainable_f32_bytes<B: AutodiffBackend, M: AutodiffModule<B>>(model: &M) -> u64 {
+pub fn trainable_f32_bytes<B: Backend, M: Module<B>>(model: &M) -> u64 {
     struct Count(u64);
     impl<B: Backend> ModuleVisitor<B> for Count {
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-            if param.is_require_grad() {
-                self.0 += 4 * param.shape().num_elements() as u64;
+            let value = param.val();
+            if value.is_require_grad() {
+                self.0 += 4 * value.shape().num_elements() as u64;
             }
         }
     }
@@ -126,7 +131,7 @@ pub fn read_params(path: &Path) -> std::io::Result<Vec<Vec<f32>>> {
     std::fs::File::open(path)?.read_to_end(&mut bytes)?;
     let bad = || std::io::Error::new(std::io::ErrorKind::InvalidData, "truncated parameter file");
     let mut at = 0;
-    let mut u32_at = |at: &mut usize| -> std::io::Result<usize> {
+    let u32_at = |at: &mut usize| -> std::io::Result<usize> {
         let word = bytes.get(*at..*at + 4).ok_or_else(bad)?;
         *at += 4;
         Ok(u32::from_le_bytes(word.try_into().expect("4 bytes")) as usize)
@@ -152,15 +157,17 @@ pub fn read_params(path: &Path) -> std::io::Result<Vec<Vec<f32>>> {
     Ok(tensors)
 }
 
-/// Trains `config`'s transformer for `steps` Adam steps from the deterministic init, one fresh
-/// seeded batch per step, and returns the final parameters. Both params binaries call this, the
-/// decorated one after `Ddp::prepare`, which is why the model is built by the caller.
+/// Trains `config`'s transformer for `steps` Adam steps, one fresh seeded batch per step, calls
+/// `after_step(step, loss)` after each, and returns the final parameters. Both params binaries
+/// run this loop; the caller builds the model (`config.model`) so that the DDP one can pass it
+/// through `Ddp::prepare` first, and checks the reducer in `after_step`.
 pub fn train_steps<B, O>(
     config: &StepConfig,
     mut model: TransformerBlock<B>,
     optim: &mut O,
     steps: usize,
     device: &B::Device,
+    mut after_step: impl FnMut(usize, f32),
 ) -> Vec<Vec<f32>>
 where
     B: AutodiffBackend,
@@ -168,7 +175,38 @@ where
 {
     for step in 0..steps {
         let (x, y) = config.batch::<B>(step, device);
-        model = transformer_step(model, optim, x, y, LR).0;
+        let (next, loss) = transformer_step(model, optim, x, y, LR);
+        model = next;
+        after_step(step, loss);
     }
     float_params::<B, _>(&model)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parameter_files_round_trip_bit_for_bit_and_reject_truncation() {
+        let dir = std::env::temp_dir().join(format!("burn-dist-params-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("p.bin");
+        let tensors = vec![
+            vec![1.5, -0.0, f32::MIN_POSITIVE / 2.0],
+            vec![],
+            vec![f32::NAN],
+        ];
+        write_params(&path, &tensors).unwrap();
+        let back = read_params(&path).unwrap();
+        let bits = |t: &[Vec<f32>]| -> Vec<Vec<u32>> {
+            t.iter()
+                .map(|v| v.iter().map(|x| x.to_bits()).collect())
+                .collect()
+        };
+        assert_eq!(bits(&back), bits(&tensors));
+        let bytes = std::fs::read(&path).unwrap();
+        std::fs::write(&path, &bytes[..bytes.len() - 1]).unwrap();
+        assert!(read_params(&path).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
