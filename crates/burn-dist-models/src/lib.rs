@@ -21,6 +21,21 @@ pub fn uniform(len: usize, seed: u64, stream: usize, scale: f32) -> Vec<f32> {
     v.into_iter().map(|x| x * scale).collect()
 }
 
+/// A tensor holding `data` on `like`'s device, requiring grad if `like` did: what every mapper
+/// that replaces a parameter's values needs (initialization, broadcast, checkpoint loading,
+/// optimizer write-back).
+pub fn replace_values<B: Backend, const D: usize>(
+    like: &Tensor<B, D>,
+    data: TensorData,
+) -> Tensor<B, D> {
+    let fresh = Tensor::from_data(data, &like.device());
+    if like.is_require_grad() {
+        fresh.require_grad()
+    } else {
+        fresh
+    }
+}
+
 /// Overwrites every float parameter with seeded values scaled by 1/√(fan-in), so that models
 /// built independently (on every rank, in the reference) start identical whatever the backend's
 /// own RNG did.
@@ -47,10 +62,7 @@ impl<B: Backend> ModuleMapper<B> for DeterministicInit {
             1.0 / (fan_in as f32).sqrt(),
         );
         self.next += 1;
-        let mut fresh = Tensor::from_data(TensorData::new(values, dims.to_vec()), &tensor.device());
-        if tensor.is_require_grad() {
-            fresh = fresh.require_grad();
-        }
+        let fresh = replace_values(&tensor, TensorData::new(values, dims.to_vec()));
         Param::from_mapped_value(id, fresh, mapper)
     }
 }

@@ -46,7 +46,7 @@ pub use bucket::{BucketConfig, Layout};
 pub use context::Scope;
 pub use ddp::{Ddp, DdpConfig};
 pub use error::{DistError, Result};
-pub use model::ParamInfo;
+pub use model::{ParamInfo, Survey};
 pub use reducer::{Reducer, ReducerEvent, ReducerStats};
 pub use sampler::{DistributedSampler, ShardedDataset};
 pub use scaler::{GradScaler, GradScalerConfig, agree_found_inf};

@@ -26,7 +26,7 @@ impl ParamInfo {
 
 /// Everything `prepare` learns from one walk over the module.
 #[derive(Default)]
-pub(crate) struct Survey {
+pub struct Survey {
     /// Float parameters, in visit order.
     pub floats: Vec<ParamInfo>,
     /// One line per tensor (float, int, bool) describing name, kind, shape and dtype.
@@ -120,11 +120,7 @@ impl<B: Backend> ModuleMapper<B> for Overwrite<'_> {
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
         let (id, tensor, mapper) = param.consume();
         let data = self.next(&tensor.dims(), tensor.dtype());
-        let mut fresh = Tensor::from_data(data, &tensor.device());
-        if tensor.is_require_grad() {
-            fresh = fresh.require_grad();
-        }
-        Param::from_mapped_value(id, fresh, mapper)
+        Param::from_mapped_value(id, burn_dist_models::replace_values(&tensor, data), mapper)
     }
 
     fn map_int<const D: usize>(

@@ -1,27 +1,11 @@
 //! Scaffolding shared by the tests, benches and examples: the models of `burn-dist-models`,
 //! parameter extraction, and the synthetic training loop. Not part of the stable API.
 
-use burn::module::Module;
-use burn::tensor::backend::Backend;
-use burn::tensor::{ElementConversion, TensorData};
+use burn::tensor::ElementConversion;
 pub use burn_dist_models::*;
 
-use crate::model::Survey;
-
-/// Every float tensor's values, in visit order.
-pub fn parameters<B: Backend, M: Module<B>>(model: &M) -> Vec<Vec<f32>> {
-    let survey = Survey::of::<B, M>(model);
-    survey
-        .floats
-        .iter()
-        .zip(&survey.float_offsets)
-        .map(|(p, &at)| {
-            let bytes = survey.bytes[at..at + p.numel() * p.dtype.size()].to_vec();
-            let data = TensorData::from_bytes_vec(bytes, p.shape.clone(), p.dtype);
-            data.convert::<f32>().into_vec::<f32>().expect("f32 values")
-        })
-        .collect()
-}
+/// Every float tensor's values as f32, in visit order.
+pub use burn_dist_models::step::float_params as parameters;
 
 /// Which synthetic task [`train_synthetic`] trains.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
+use burn::module::{Module, ModuleMapper, Param};
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Tensor, TensorData};
 use safetensors::{Dtype, SafeTensors, tensor::TensorView};
@@ -16,12 +16,16 @@ use super::error::{CheckpointError, Result};
 pub(crate) struct Tensors(pub Vec<(String, Vec<usize>, DType, Vec<u8>)>);
 
 pub(crate) fn collect<B: Backend, M: Module<B>>(model: &M) -> Tensors {
-    let mut visit = Collect {
-        path: Vec::new(),
-        out: Vec::new(),
-    };
-    model.visit(&mut visit);
-    Tensors(visit.out)
+    let survey = burn_dist::Survey::of::<B, M>(model);
+    let tensors = survey
+        .floats
+        .iter()
+        .zip(&survey.float_offsets)
+        .map(|(p, &at)| {
+            let bytes = survey.bytes[at..at + p.numel() * p.dtype.size()].to_vec();
+            (p.name.clone(), p.shape.clone(), p.dtype, bytes)
+        });
+    Tensors(tensors.collect())
 }
 
 pub(crate) fn safetensors_dtype(dtype: DType) -> Option<Dtype> {
@@ -84,29 +88,6 @@ pub(crate) fn overwrite<B: Backend, M: Module<B>>(
     }
 }
 
-struct Collect {
-    path: Vec<String>,
-    out: Vec<(String, Vec<usize>, DType, Vec<u8>)>,
-}
-
-impl<B: Backend> ModuleVisitor<B> for Collect {
-    fn enter_module(&mut self, name: &str, _container_type: &str) {
-        self.path.push(name.to_string());
-    }
-
-    fn exit_module(&mut self, _name: &str, _container_type: &str) {
-        self.path.pop();
-    }
-
-    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-        let tensor = param.val();
-        let (shape, dtype) = (tensor.dims().to_vec(), tensor.dtype());
-        let data = tensor.into_data();
-        self.out
-            .push((self.path.join("."), shape, dtype, data.as_bytes().to_vec()));
-    }
-}
-
 struct Overwrite<'a> {
     file: SafeTensors<'a>,
     path: Vec<String>,
@@ -149,10 +130,6 @@ impl<B: Backend> ModuleMapper<B> for Overwrite<'_> {
         }
         let data = TensorData::from_bytes_vec(stored.data().to_vec(), shape, stored_dtype)
             .convert_dtype(dtype);
-        let mut fresh = Tensor::from_data(data, &tensor.device());
-        if tensor.is_require_grad() {
-            fresh = fresh.require_grad();
-        }
-        Param::from_mapped_value(id, fresh, mapper)
+        Param::from_mapped_value(id, burn_dist_models::replace_values(&tensor, data), mapper)
     }
 }
