@@ -129,3 +129,97 @@ fn global_norm_clipping_does_not_depend_on_the_sharding() {
         }
     }
 }
+
+/// Multiplies every gradient in `grads` by `factor`.
+struct ScaleGrads<'a> {
+    grads: &'a mut burn::optim::GradientsParams,
+    factor: f32,
+    sum_sq: f64,
+}
+
+impl burn::module::ModuleVisitor<B> for ScaleGrads<'_> {
+    fn visit_float<const D: usize>(
+        &mut self,
+        param: &burn::module::Param<burn::tensor::Tensor<B, D>>,
+    ) {
+        if let Some(grad) = self.grads.remove::<DistributedBackend<Flex>, D>(param.id) {
+            let values = grad.clone().into_data().to_vec::<f32>().unwrap();
+            self.sum_sq += values
+                .iter()
+                .map(|&g| f64::from(g) * f64::from(g))
+                .sum::<f64>();
+            self.grads.register(param.id, grad.mul_scalar(self.factor));
+        }
+    }
+}
+
+#[test]
+fn clipping_equals_clipping_the_concatenated_gradient() {
+    use burn::module::Module;
+    use burn::optim::{AdamWConfig, Optimizer};
+    use burn_dist::testing::{MLP_SIZES, Mlp, parameters, shard_rows, synthetic_rows};
+    const MAX_NORM: f32 = 0.05;
+    let [input, .., output] = MLP_SIZES;
+    let results = run_ranks(
+        HostCommunicator::local_group(3, &CommConfig::default()),
+        |rank, comm| {
+            let mut ddp = Ddp::for_thread(comm, DdpConfig::new());
+            let model = ddp
+                .prepare(Mlp::<B>::new(&MLP_SIZES, 7, &FlexDevice))
+                .unwrap();
+            let loss = |model: &Mlp<B>| {
+                let rows = shard_rows(GLOBAL_BATCH, rank, 3);
+                let x =
+                    synthetic_rows::<B, 2>(0, 0, [GLOBAL_BATCH, input], rows.clone(), &FlexDevice);
+                let y = synthetic_rows::<B, 2>(1, 0, [GLOBAL_BATCH, output], rows, &FlexDevice);
+                (model.forward(x) - y).powi_scalar(2).mean()
+            };
+            // Reference: the whole averaged gradient (every rank has it in stage 1), its norm in
+            // f64, scaled by the clip factor, then Burn's AdamW.
+            let mut grads = ddp.backward(loss(&model), &model).unwrap().unwrap();
+            let mut norm = ScaleGrads {
+                grads: &mut grads,
+                factor: 1.0,
+                sum_sq: 0.0,
+            };
+            model.visit(&mut norm);
+            let reference_norm = norm.sum_sq.sqrt();
+            let clip = burn_dist_kernels::clip_factor(norm.sum_sq, Some(MAX_NORM));
+            assert!(clip < 0.5, "the test must clip ({clip})");
+            model.visit(&mut ScaleGrads {
+                grads: &mut grads,
+                factor: clip,
+                sum_sq: 0.0,
+            });
+            let reference =
+                parameters::<B, _>(&AdamWConfig::new().init().step(LR, model.clone(), grads));
+            // ZeroAdam clips across shards.
+            let model = ddp.mark(model);
+            let grads = ddp.backward(loss(&model), &model).unwrap().unwrap();
+            let mut zero = ZeroAdamConfig::new()
+                .with_max_grad_norm(Some(MAX_NORM))
+                .init::<B, _>(&ddp, &model)
+                .unwrap();
+            let (model, report) = zero.step(LR, model, grads, &ddp).unwrap();
+            (
+                reference_norm,
+                report.grad_norm,
+                parameters::<B, _>(&model),
+                reference,
+            )
+        },
+    );
+    for (reference_norm, norm, params, reference) in results {
+        assert!(
+            (norm - reference_norm).abs() / reference_norm <= 1e-6,
+            "{norm} vs {reference_norm}"
+        );
+        for (i, (a, b)) in params.iter().zip(&reference).enumerate() {
+            let error = relative_error(a, b);
+            assert!(
+                error <= 1e-6,
+                "tensor {i} differs from clipping the concatenated gradient by {error:e}"
+            );
+        }
+    }
+}
