@@ -156,6 +156,11 @@ impl Reducer {
         self.layout = layout;
     }
 
+    /// The rank's communicator.
+    pub(crate) fn comm(&self) -> Arc<HostCommunicator> {
+        self.comm.clone()
+    }
+
     pub fn layout(&self) -> &Layout {
         &self.layout
     }

@@ -98,3 +98,32 @@ pub(crate) fn on_backward_end<B: Backend>(device: &B::Device) {
         Err(error) => report(&mut reducer, error),
     }
 }
+
+/// `tensor` reduced over the calling rank's group (identity without a `Ddp`), in its dtype.
+pub(crate) fn all_reduce_tensor<B: Backend>(
+    tensor: B::FloatTensorPrimitive,
+    op: burn::tensor::backend::distributed::ReduceOperation,
+) -> Result<B::FloatTensorPrimitive, DistError> {
+    use burn::tensor::backend::distributed::ReduceOperation;
+    use burn_dist_comm::{Communicator, HostBuffer, ReduceOp};
+    let Some(shared) = context::current() else {
+        return Ok(tensor);
+    };
+    let comm = lock(&shared).comm();
+    let (shape, dtype, device) = (tensor.shape(), tensor.dtype(), B::float_device(&tensor));
+    let data = read_sync(B::float_into_data(tensor))
+        .map_err(|e| DistError::Usage(format!("reading a tensor to all-reduce: {e:?}")))?;
+    let values = data
+        .convert::<f32>()
+        .into_vec::<f32>()
+        .map_err(|e| DistError::Usage(format!("reading a tensor to all-reduce: {e:?}")))?;
+    let reduce = match op {
+        ReduceOperation::Sum => ReduceOp::Sum,
+        ReduceOperation::Mean => ReduceOp::Avg,
+    };
+    let HostBuffer::F32(values) = comm.all_reduce(HostBuffer::F32(values), reduce).wait()? else {
+        unreachable!("an f32 all-reduce returns f32")
+    };
+    let data = TensorData::new(values, shape).convert_dtype(dtype);
+    Ok(B::float_from_data(data, &device))
+}

@@ -446,3 +446,34 @@ fn grad_scaler_unscales_exactly_and_all_ranks_agree_on_overflow() {
     });
     assert_eq!(results, [(true, true), (true, true)]);
 }
+
+#[test]
+fn burns_backend_all_reduce_reduces_over_the_ranks() {
+    use burn::tensor::backend::distributed::{DistributedBackend as _, ReduceOperation};
+    type Inner = DistributedBackend<Flex>;
+    let results = run_ranks(comms(3), |rank, comm| {
+        let _ddp = Ddp::for_thread(comm, config());
+        let tensor = Tensor::<Inner, 1>::from_floats([rank as f32, 1.0], &FlexDevice);
+        let sum = Inner::all_reduce(
+            tensor.clone().into_primitive().tensor(),
+            ReduceOperation::Sum,
+            vec![],
+        );
+        let mean = Inner::all_reduce(
+            tensor.into_primitive().tensor(),
+            ReduceOperation::Mean,
+            vec![],
+        );
+        let read = |c: burn::tensor::backend::distributed::CollectiveTensor<Inner>| {
+            Tensor::<Inner, 1>::from_primitive(burn::tensor::TensorPrimitive::Float(c.resolve()))
+                .into_data()
+                .to_vec::<f32>()
+                .unwrap()
+        };
+        (read(sum), read(mean))
+    });
+    for (sum, mean) in results {
+        assert_eq!(sum, [3.0, 3.0]);
+        assert_eq!(mean, [1.0, 1.0]);
+    }
+}

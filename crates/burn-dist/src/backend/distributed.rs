@@ -45,33 +45,25 @@ impl<B: Backend> BurnDistributedBackend for DistributedBackend<B> {
         sync::on_backward_end::<B>(device);
     }
 
-    /// Panics: Burn's in-process device all-reduce is not how burn-dist reduces.
-    ///
-    /// Who calls it in Burn 0.21: only Burn's own sync server (started by Burn's default
-    /// `start_communication_server` and fed by Burn's default hooks, both replaced here) and
-    /// `Autodiff::all_reduce`, which is reached only when user code calls the backend trait
-    /// directly. Burn's nn, optim and train crates never call it (burn-optim's `all_reduce` goes
-    /// through burn-collective, another crate). Its contract is "reduce this tensor across the
-    /// listed in-process devices", returning a handle with no error path, which our per-process
-    /// group cannot honour from a list of device ids, and returning the tensor unchanged would
-    /// be a silent wrong answer. So it fails loudly with a pointer to what to use instead.
+    /// Reduces `tensor` over the calling rank's group (`device_ids` are Burn's in-process
+    /// device list; burn-dist's group is the set of ranks, one device each). Burn's nn, optim
+    /// and train crates never call this; user code that calls the backend trait directly does.
+    /// Without a `Ddp` on this thread the group is this process alone and the tensor is the
+    /// result. A failed collective panics with its reason: the trait has no error path.
     fn all_reduce(
-        _tensor: FloatTensor<Self>,
-        _op: ReduceOperation,
+        tensor: FloatTensor<Self>,
+        op: ReduceOperation,
         _device_ids: Vec<DeviceId>,
     ) -> CollectiveTensor<Self> {
-        panic!(
-            "burn-dist: Burn's in-process DistributedBackend::all_reduce is not supported by \
-             burn_dist::DistributedBackend. Gradients of parameters marked with \
-             `Tensor::set_distributed` are reduced during backward(); for other tensors use \
-             burn-dist's collectives."
-        )
+        let reduced = sync::all_reduce_tensor::<B>(tensor, op)
+            .unwrap_or_else(|error| panic!("burn-dist: all_reduce failed: {error}"));
+        CollectiveTensor::new(reduced)
     }
 
     /// Does nothing: there is never a pending collective to wait for.
     ///
-    /// Burn calls it to resolve a `CollectiveTensor` (only [`all_reduce`](Self::all_reduce)
-    /// makes one, and ours panics) and from its own sync server's callback (never started).
+    /// Burn calls it to resolve a `CollectiveTensor` (ours are complete when made, see
+    /// [`all_reduce`](Self::all_reduce)) and from its own sync server's callback (never started).
     /// Our reducer finishes its collectives inside `submit_sync_collective`, before `backward()`
     /// returns, so when this runs there is nothing left to synchronise.
     fn sync_collective(_device: &Self::Device) {}
