@@ -21,14 +21,17 @@ pub fn uniform(len: usize, seed: u64, stream: usize, scale: f32) -> Vec<f32> {
     v.into_iter().map(|x| x * scale).collect()
 }
 
-/// A tensor holding `data` on `like`'s device, requiring grad if `like` did: what every mapper
+/// A tensor holding `data` on `like`'s device, in `like`'s dtype, requiring grad if `like` did:
+/// what every mapper
 /// that replaces a parameter's values needs (initialization, broadcast, checkpoint loading,
 /// optimizer write-back).
 pub fn replace_values<B: Backend, const D: usize>(
     like: &Tensor<B, D>,
     data: TensorData,
 ) -> Tensor<B, D> {
-    let fresh = Tensor::from_data(data, &like.device());
+    // The dtype is explicit: `from_data` alone would use the device's default float type and
+    // silently turn an f16 parameter into an f32 one.
+    let fresh = Tensor::from_data(data, (&like.device(), like.dtype()));
     if like.is_require_grad() {
         fresh.require_grad()
     } else {

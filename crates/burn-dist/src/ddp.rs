@@ -334,7 +334,7 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for CompleteGradients<'_> {
         {
             let device = param.val().device();
             let data = TensorData::new(values, info.shape.clone()).convert_dtype(info.dtype);
-            let grad = Tensor::<B::InnerBackend, D>::from_data(data, &device);
+            let grad = Tensor::<B::InnerBackend, D>::from_data(data, (&device, info.dtype));
             self.grads.register(param.id, grad);
         }
     }

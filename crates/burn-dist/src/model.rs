@@ -129,7 +129,12 @@ impl<B: Backend> ModuleMapper<B> for Overwrite<'_> {
     ) -> Param<Tensor<B, D, Int>> {
         let (id, tensor, mapper) = param.consume();
         let data = self.next(&tensor.dims(), tensor.dtype());
-        Param::from_mapped_value(id, Tensor::from_data(data, &tensor.device()), mapper)
+        let dtype = tensor.dtype();
+        Param::from_mapped_value(
+            id,
+            Tensor::from_data(data, (&tensor.device(), dtype)),
+            mapper,
+        )
     }
 
     fn map_bool<const D: usize>(
@@ -138,7 +143,12 @@ impl<B: Backend> ModuleMapper<B> for Overwrite<'_> {
     ) -> Param<Tensor<B, D, Bool>> {
         let (id, tensor, mapper) = param.consume();
         let data = self.next(&tensor.dims(), tensor.dtype());
-        Param::from_mapped_value(id, Tensor::from_data(data, &tensor.device()), mapper)
+        let dtype = tensor.dtype();
+        Param::from_mapped_value(
+            id,
+            Tensor::from_data(data, (&tensor.device(), dtype)),
+            mapper,
+        )
     }
 }
 
