@@ -70,6 +70,7 @@ fn wgpu(c: &mut Criterion) {
     });
     #[cfg(feature = "stock-wgpu")]
     {
+        use burn::tensor::backend::Backend;
         use burn_wgpu::{Wgpu, WgpuDevice as BurnDevice};
         let device = BurnDevice::default();
         let optim = AdamWConfig::new().with_weight_decay(0.01).build();
@@ -80,7 +81,7 @@ fn wgpu(c: &mut Criterion) {
             bench.iter(|| {
                 let (p, s) = optim.step(1e-3, param.clone(), grad.clone(), state.take());
                 (param, state) = (p, s);
-                Wgpu::sync(&device).unwrap();
+                <Wgpu as Backend>::sync(&device).unwrap();
             })
         });
     }
