@@ -174,3 +174,16 @@ pub fn shard_rows(global_batch: usize, rank: usize, world: usize) -> std::ops::R
 }
 
 pub mod step;
+
+/// Asserts ‖a − b‖ / ‖b‖ ≤ `tolerance` for every tensor of `got` against `reference`, naming
+/// the first tensor that is off.
+pub fn assert_close(got: &[Vec<f32>], reference: &[Vec<f32>], tolerance: f64, what: &str) {
+    assert_eq!(got.len(), reference.len(), "{what}: tensor count");
+    for (i, (a, b)) in got.iter().zip(reference).enumerate() {
+        let error = relative_error(a, b);
+        assert!(
+            error <= tolerance,
+            "{what}: tensor {i} differs from the reference by {error:e}"
+        );
+    }
+}

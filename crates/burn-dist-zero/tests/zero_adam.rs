@@ -1,7 +1,9 @@
 //! ZeroAdam at 1–4 ranks equals Burn's AdamW (and Adam) on one rank over 50 steps.
 
 use burn::backend::Autodiff;
-use burn_dist::testing::{BurnAdamW, OptimizerKind, Synthetic, relative_error, train_synthetic};
+use burn_dist::testing::{
+    BurnAdamW, OptimizerKind, Synthetic, assert_close, relative_error, train_ranks,
+};
 use burn_dist::{BucketConfig, Ddp, DdpConfig, DistributedBackend};
 use burn_dist_comm::testing::run_ranks;
 use burn_dist_comm::{CommConfig, HostCommunicator};
@@ -19,27 +21,19 @@ fn train(
     world: usize,
     optimizer: &(impl OptimizerKind + Sync),
 ) -> Vec<Vec<Vec<f32>>> {
-    let config = DdpConfig::new().with_buckets(
-        BucketConfig::new()
-            .with_first_bucket_bytes(1024)
-            .with_bucket_bytes(4096),
-    );
-    run_ranks(
-        HostCommunicator::local_group(world, &CommConfig::default()),
-        |_, comm| {
-            let mut ddp = Ddp::for_thread(comm, config.clone());
-            train_synthetic::<B>(
-                &mut ddp,
-                task,
-                optimizer,
-                STEPS,
-                GLOBAL_BATCH,
-                LR,
-                &FlexDevice,
-                |_, _| {},
-            )
-            .unwrap()
-        },
+    let buckets = BucketConfig::new()
+        .with_first_bucket_bytes(1024)
+        .with_bucket_bytes(4096);
+    let config = DdpConfig::new().with_buckets(buckets);
+    train_ranks::<B>(
+        world,
+        &config,
+        task,
+        optimizer,
+        STEPS,
+        GLOBAL_BATCH,
+        LR,
+        &FlexDevice,
     )
 }
 
@@ -53,13 +47,12 @@ fn assert_matches(task: Synthetic, zero: ZeroAdamConfig, burn: &(impl OptimizerK
                 "{task:?}, {world} ranks: rank {rank} differs from rank 0"
             );
         }
-        for (i, (a, b)) in ranks[0].iter().zip(&reference).enumerate() {
-            let error = relative_error(a, b);
-            assert!(
-                error <= 1e-5,
-                "{task:?}, {world} ranks: tensor {i} differs from Burn's by {error:e}"
-            );
-        }
+        assert_close(
+            &ranks[0],
+            &reference,
+            1e-5,
+            &format!("{task:?}, {world} ranks vs Burn"),
+        );
     }
 }
 
@@ -120,13 +113,12 @@ fn global_norm_clipping_does_not_depend_on_the_sharding() {
     );
     for world in 2..=4 {
         let ranks = train(Synthetic::Mlp, world, &clipped);
-        for (i, (a, b)) in ranks[0].iter().zip(&reference).enumerate() {
-            let error = relative_error(a, b);
-            assert!(
-                error <= 1e-5,
-                "{world} ranks: tensor {i} differs from 1 rank by {error:e}"
-            );
-        }
+        assert_close(
+            &ranks[0],
+            &reference,
+            1e-5,
+            &format!("{world} ranks vs 1 rank"),
+        );
     }
 }
 
@@ -214,12 +206,11 @@ fn clipping_equals_clipping_the_concatenated_gradient() {
             (norm - reference_norm).abs() / reference_norm <= 1e-6,
             "{norm} vs {reference_norm}"
         );
-        for (i, (a, b)) in params.iter().zip(&reference).enumerate() {
-            let error = relative_error(a, b);
-            assert!(
-                error <= 1e-6,
-                "tensor {i} differs from clipping the concatenated gradient by {error:e}"
-            );
-        }
+        assert_close(
+            &params,
+            &reference,
+            1e-6,
+            "clipping the concatenated gradient",
+        );
     }
 }

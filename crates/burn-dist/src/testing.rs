@@ -190,3 +190,36 @@ impl OptimizerKind for BurnAdamW {
         ))
     }
 }
+
+/// Trains `task` with `world` in-process ranks (threads, host collectives) and returns every
+/// rank's final parameters: the common body of the equivalence tests.
+#[allow(clippy::too_many_arguments)] // as train_synthetic
+pub fn train_ranks<B: burn::tensor::backend::AutodiffBackend>(
+    world: usize,
+    config: &crate::DdpConfig,
+    task: Synthetic,
+    optimizer: &(impl OptimizerKind + Sync),
+    steps: usize,
+    global_batch: usize,
+    lr: f64,
+    device: &B::Device,
+) -> Vec<Vec<Vec<f32>>> {
+    let comms = burn_dist_comm::HostCommunicator::local_group(
+        world,
+        &burn_dist_comm::CommConfig::default(),
+    );
+    burn_dist_comm::testing::run_ranks(comms, |_, comm| {
+        let mut ddp = crate::Ddp::for_thread(comm, config.clone());
+        train_synthetic::<B>(
+            &mut ddp,
+            task,
+            optimizer,
+            steps,
+            global_batch,
+            lr,
+            device,
+            |_, _| {},
+        )
+        .expect("training")
+    })
+}

@@ -8,7 +8,7 @@ use burn::optim::{AdamConfig, Optimizer};
 use burn::tensor::Tensor;
 use burn_dist::testing::{
     BurnAdam, MLP_SIZES as MLP, Mlp, Synthetic, TRANSFORMER_WIDTH, TransformerBlock, parameters,
-    relative_error, shard_rows, synthetic_rows, train_synthetic,
+    shard_rows, synthetic_rows, train_ranks,
 };
 use burn_dist::{BucketConfig, Ddp, DdpConfig, DistError, DistributedBackend, ReducerEvent};
 use burn_dist_comm::testing::run_ranks;
@@ -51,31 +51,20 @@ fn shard(rank: usize, world: usize) -> std::ops::Range<usize> {
 
 /// Trains `task` with `world` ranks and returns each rank's final parameters.
 fn train(task: Synthetic, world: usize, ddp_config: DdpConfig) -> Vec<Vec<Vec<f32>>> {
-    run_ranks(comms(world), |_, comm| {
-        let mut ddp = Ddp::for_thread(comm, ddp_config.clone());
-        train_synthetic::<B>(
-            &mut ddp,
-            task,
-            &BurnAdam,
-            STEPS,
-            GLOBAL_BATCH,
-            LR,
-            &FlexDevice,
-            |_, _| {},
-        )
-        .unwrap()
-    })
+    train_ranks::<B>(
+        world,
+        &ddp_config,
+        task,
+        &BurnAdam,
+        STEPS,
+        GLOBAL_BATCH,
+        LR,
+        &FlexDevice,
+    )
 }
 
 fn assert_close(got: &[Vec<f32>], reference: &[Vec<f32>], what: &str) {
-    assert_eq!(got.len(), reference.len());
-    for (i, (a, b)) in got.iter().zip(reference).enumerate() {
-        let error = relative_error(a, b);
-        assert!(
-            error <= TOLERANCE,
-            "{what}: tensor {i} differs from the reference by {error:e}"
-        );
-    }
+    burn_dist::testing::assert_close(got, reference, TOLERANCE, what);
 }
 
 fn assert_replicas_identical(ranks: &[Vec<Vec<f32>>]) {
