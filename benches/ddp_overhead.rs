@@ -7,7 +7,7 @@
 //! `cargo xtask bench-overhead` runs the two interleaved. Keep their criterion settings equal.
 
 use burn::optim::AdamConfig;
-use burn_dist_benches::{DdpFlex, ReducerCheck, world_size_1};
+use burn_dist_benches::{DdpFlex, prepared_world_size_1};
 use burn_dist_models::step::{BENCH, LR, trainable_f32_bytes, transformer_step};
 use burn_flex::FlexDevice;
 use criterion::{Criterion, SamplingMode, Throughput, black_box, criterion_group, criterion_main};
@@ -34,11 +34,7 @@ fn decorated(c: &mut Criterion) {
 
 fn step(c: &mut Criterion) {
     let (x, y) = BENCH.batch::<DdpFlex>(0, &FlexDevice);
-    let mut ddp = world_size_1();
-    let model = ddp
-        .prepare(BENCH.model::<DdpFlex>(&FlexDevice))
-        .expect("prepare");
-    let mut check = ReducerCheck::new(&ddp, &model);
+    let (ddp, model, mut check) = prepared_world_size_1();
     let mut optim = AdamConfig::new().init();
     // The first step also broadcasts the ready order and rebuilds the layout; take it here so
     // that the measured steps are all steady-state ones (criterion's warm-up would hide it too).

@@ -29,6 +29,17 @@ pub fn world_size_1() -> Ddp {
     Ddp::for_thread(comm, DdpConfig::new().with_buckets(bench_buckets()))
 }
 
+/// The bench model prepared on a one-rank group, with the check of the reducer's work: what
+/// both the bench and the parameter-writing binary start from.
+pub fn prepared_world_size_1() -> (Ddp, TransformerBlock<DdpFlex>, ReducerCheck) {
+    let mut ddp = world_size_1();
+    let model = ddp
+        .prepare(burn_dist_models::step::BENCH.model::<DdpFlex>(&burn_flex::FlexDevice))
+        .expect("prepare");
+    let check = ReducerCheck::new(&ddp, &model);
+    (ddp, model, check)
+}
+
 /// Asserts, step by step, the reducer's work: per step one all-reduce per bucket plus the usage
 /// bitmap (the first step also the ready-order broadcast), every trainable f32 byte copied once,
 /// one backward. Panics otherwise. The expected counts come from the model and the bucket

@@ -4,7 +4,7 @@
 //! `<out>`. Its twin, `plain/`'s `plain_params`, does the same on plain `Autodiff<Flex>`.
 
 use burn::optim::AdamConfig;
-use burn_dist_benches::{DdpFlex, ReducerCheck, world_size_1};
+use burn_dist_benches::prepared_world_size_1;
 use burn_dist_models::step::{BENCH, train_steps, write_params};
 use burn_flex::FlexDevice;
 
@@ -14,11 +14,7 @@ fn main() {
     let steps = args
         .next()
         .map_or(5, |s| s.parse().expect("steps: a number"));
-    let mut ddp = world_size_1();
-    let model = ddp
-        .prepare(BENCH.model::<DdpFlex>(&FlexDevice))
-        .expect("prepare");
-    let mut check = ReducerCheck::new(&ddp, &model);
+    let (ddp, model, mut check) = prepared_world_size_1();
     let mut optim = AdamConfig::new().init();
     let params = train_steps(&BENCH, model, &mut optim, steps, &FlexDevice, |_, _| {
         check.after_step(&ddp)

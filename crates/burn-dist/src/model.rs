@@ -2,10 +2,10 @@
 //! compare across ranks, their bytes for the start-up broadcast, and the marks that make
 //! Burn's backward call our hooks.
 
-use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
+use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId, Parameter};
 use burn::tensor::backend::distributed::DistributedParamId;
 use burn::tensor::backend::{AutodiffBackend, Backend};
-use burn::tensor::{Bool, DType, Int, Tensor, TensorData};
+use burn::tensor::{BasicOps, Bool, DType, Int, Tensor, TensorData};
 
 /// A float parameter of the model, as the reducer knows it.
 #[derive(Debug, Clone, PartialEq)]
@@ -108,6 +108,20 @@ pub(crate) struct Overwrite<'a> {
 }
 
 impl Overwrite<'_> {
+    /// An int or bool tensor with the next values, in its own dtype (these never need grad).
+    fn replace<B: Backend, const D: usize, K: BasicOps<B>>(
+        &mut self,
+        param: Param<Tensor<B, D, K>>,
+    ) -> Param<Tensor<B, D, K>>
+    where
+        Tensor<B, D, K>: Parameter,
+    {
+        let (id, tensor, mapper) = param.consume();
+        let (device, dtype) = (tensor.device(), tensor.dtype());
+        let data = self.next(&tensor.dims(), dtype);
+        Param::from_mapped_value(id, Tensor::from_data(data, (&device, dtype)), mapper)
+    }
+
     fn next(&mut self, shape: &[usize], dtype: DType) -> TensorData {
         let len = shape.iter().product::<usize>() * dtype.size();
         let bytes = self.bytes[self.at..self.at + len].to_vec();
@@ -127,28 +141,14 @@ impl<B: Backend> ModuleMapper<B> for Overwrite<'_> {
         &mut self,
         param: Param<Tensor<B, D, Int>>,
     ) -> Param<Tensor<B, D, Int>> {
-        let (id, tensor, mapper) = param.consume();
-        let data = self.next(&tensor.dims(), tensor.dtype());
-        let dtype = tensor.dtype();
-        Param::from_mapped_value(
-            id,
-            Tensor::from_data(data, (&tensor.device(), dtype)),
-            mapper,
-        )
+        self.replace(param)
     }
 
     fn map_bool<const D: usize>(
         &mut self,
         param: Param<Tensor<B, D, Bool>>,
     ) -> Param<Tensor<B, D, Bool>> {
-        let (id, tensor, mapper) = param.consume();
-        let data = self.next(&tensor.dims(), tensor.dtype());
-        let dtype = tensor.dtype();
-        Param::from_mapped_value(
-            id,
-            Tensor::from_data(data, (&tensor.device(), dtype)),
-            mapper,
-        )
+        self.replace(param)
     }
 }
 
