@@ -104,7 +104,15 @@ fn integration() -> Result<(), String> {
         "--test",
         "launcher",
     ])?;
-    cargo(&["test", "-p", "synthetic-ddp", "--test", "launched"])
+    cargo(&[
+        "test",
+        "-p",
+        "synthetic-ddp",
+        "--test",
+        "launched",
+        "--test",
+        "checkpoint_crash",
+    ])
 }
 
 /// cargo-fuzz needs nightly flags; RUSTC_BOOTSTRAP lets the stable toolchain accept them.

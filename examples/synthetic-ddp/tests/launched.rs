@@ -1,7 +1,6 @@
 //! 2, 3 and 4 real processes through `burn-dist-run` train an MLP and a transformer block to
 //! the parameters of one in-process rank on the concatenated batch.
 
-use std::path::PathBuf;
 use std::process::Command;
 
 use burn::backend::Autodiff;
@@ -10,25 +9,13 @@ use burn_dist::{Ddp, DdpConfig, DistributedBackend};
 use burn_dist_comm::{CommConfig, HostCommunicator};
 use burn_flex::{Flex, FlexDevice};
 
+mod support;
+
+use support::{launcher, read_f32s};
+
 type B = Autodiff<DistributedBackend<Flex>>;
 
 const STEPS: usize = 20;
-
-/// `burn-dist-run`, built by the same `cargo test --workspace` next to this test's binary.
-fn launcher() -> PathBuf {
-    let exe = std::env::current_exe().expect("test executable path");
-    let dir = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("target dir");
-    let launcher = dir.join("burn-dist-run");
-    assert!(
-        launcher.exists(),
-        "{} is missing: build it first (`cargo xtask test` and `cargo xtask integration` do)",
-        launcher.display()
-    );
-    launcher
-}
 
 fn reference(task: Synthetic) -> Vec<Vec<f32>> {
     let comm = HostCommunicator::local_group(1, &CommConfig::default()).remove(0);
@@ -74,12 +61,9 @@ fn launched(model: &str, world: usize) -> Vec<f32> {
         .status()
         .expect("running burn-dist-run");
     assert!(status.success(), "{model}, {world} ranks: {status}");
-    let bytes = std::fs::read(&out).expect("rank 0's parameters");
+    let values = read_f32s(&out);
     std::fs::remove_file(&out).ok();
-    bytes
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-        .collect()
+    values
 }
 
 fn processes_equal_reference(task: Synthetic, model: &str) {

@@ -87,6 +87,23 @@ impl TrainingState {
     }
 }
 
+/// Environment variable of the crash tests' fault point: `after-shard:<step>` makes every rank
+/// that has written its shard of step `<step>` announce it on stderr and wait to be killed,
+/// before any manifest exists.
+pub const PAUSE_VAR: &str = "BURN_DIST_CHECKPOINT_PAUSE";
+
+fn pause_point(point: &str, rank: usize, step: u64) {
+    if std::env::var(PAUSE_VAR).is_ok_and(|wanted| wanted == format!("{point}:{step}")) {
+        eprintln!(
+            "burn-dist: checkpoint of step {step} paused at {point} on rank {rank} (pid {})",
+            std::process::id()
+        );
+        loop {
+            std::thread::park();
+        }
+    }
+}
+
 /// The directory of step `step`'s checkpoint under `root`.
 pub fn step_dir(root: impl AsRef<Path>, step: u64) -> PathBuf {
     root.as_ref().join(format!("step-{step:010}"))
@@ -170,6 +187,7 @@ pub fn save<B: Backend, M: Module<B>>(
     let written = (|| {
         let bytes = shard_file::encode(&zero.export());
         files::write_atomic(&dir, &shard_name, &bytes)?;
+        pause_point("after-shard", rank, state.step);
         let (size, crc) = files::fingerprint(&bytes);
         let model_entry = if rank == 0 {
             Some(write_model::<B, M>(&dir, model, state.step)?)

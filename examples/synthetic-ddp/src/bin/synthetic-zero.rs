@@ -1,0 +1,102 @@
+//! The MLP of `synthetic-ddp` trained with ZeroAdam and periodic sharded checkpoints, resuming
+//! from the newest complete checkpoint in `--checkpoint-dir` if there is one (at any world
+//! size). Used by the crash tests; also the shortest complete example of the ZeRO stack.
+//!
+//! ```text
+//! burn-dist-run --nproc-per-node 2 -- target/release/synthetic-zero --checkpoint-dir ckpt
+//! ```
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use burn::backend::Autodiff;
+use burn_dist::testing::{MLP_SIZES, Mlp, parameters, shard_rows, synthetic_rows};
+use burn_dist::{Ddp, DdpConfig, DistributedBackend};
+use burn_dist_zero::ZeroAdamConfig;
+use burn_dist_zero::checkpoint::{self, TrainingState};
+use burn_flex::{Flex, FlexDevice};
+use clap::Parser;
+
+type B = Autodiff<DistributedBackend<Flex>>;
+
+#[derive(Parser)]
+#[command(about = "Train an MLP with ZeroAdam and sharded checkpoints")]
+struct Args {
+    #[arg(long, default_value_t = 6)]
+    steps: u64,
+    #[arg(long, default_value_t = 12)]
+    global_batch: usize,
+    #[arg(long)]
+    checkpoint_dir: PathBuf,
+    /// Save after every this many steps.
+    #[arg(long, default_value_t = 2)]
+    checkpoint_every: u64,
+    /// Rank 0 writes the final parameters here (little-endian f32, tensors in visit order).
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+fn main() -> ExitCode {
+    match run(Args::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("error: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(args: Args) -> Result<(), String> {
+    let mut ddp = Ddp::init(DdpConfig::new()).map_err(|e| format!("joining the job: {e}"))?;
+    let (rank, world) = (ddp.rank(), ddp.world_size());
+    let fail = |e: &dyn std::fmt::Display| format!("rank {rank}: {e}");
+    let model = ddp
+        .prepare(Mlp::<B>::new(&MLP_SIZES, 7, &FlexDevice))
+        .map_err(|e| fail(&e))?;
+    let mut zero = ZeroAdamConfig::new()
+        .init::<B, _>(&ddp, &model)
+        .map_err(|e| fail(&e))?;
+    let (mut model, start) = match checkpoint::latest(&args.checkpoint_dir).map_err(|e| fail(&e))? {
+        Some(dir) => {
+            let (model, state) =
+                checkpoint::load(&dir, &ddp, model, &mut zero).map_err(|e| fail(&e))?;
+            if rank == 0 {
+                println!("resumed from {} at step {}", dir.display(), state.step);
+            }
+            (model, state.step)
+        }
+        None => (model, 0),
+    };
+    let [input, .., output] = MLP_SIZES;
+    let rows = shard_rows(args.global_batch, rank, world);
+    for step in start..args.steps {
+        let s = step as usize;
+        let x = synthetic_rows::<B, 2>(0, s, [args.global_batch, input], rows.clone(), &FlexDevice);
+        let y =
+            synthetic_rows::<B, 2>(1, s, [args.global_batch, output], rows.clone(), &FlexDevice);
+        let loss = (model.forward(x) - y).powi_scalar(2).mean();
+        let grads = ddp
+            .backward(loss, &model)
+            .map_err(|e| fail(&e))?
+            .expect("no accumulation");
+        model = zero.step(1e-2, model, grads, &ddp).map_err(|e| fail(&e))?.0;
+        let done = step + 1;
+        if done % args.checkpoint_every == 0 {
+            let state = TrainingState::new(done, done * args.global_batch as u64);
+            let dir = checkpoint::save(&args.checkpoint_dir, &ddp, &model, &zero, &state)
+                .map_err(|e| fail(&e))?;
+            if rank == 0 {
+                println!("saved step {done} to {}", dir.display());
+            }
+        }
+    }
+    if let (0, Some(path)) = (rank, &args.out) {
+        let bytes: Vec<u8> = parameters::<B, _>(&model)
+            .iter()
+            .flatten()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        std::fs::write(path, bytes).map_err(|e| format!("writing {}: {e}", path.display()))?;
+    }
+    Ok(())
+}

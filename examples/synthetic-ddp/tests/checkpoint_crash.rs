@@ -1,0 +1,125 @@
+//! A rank killed with SIGKILL inside a checkpoint write (after its shard is written, before any
+//! manifest) leaves the previous checkpoint the newest loadable one, and resuming from it ends
+//! bitwise where an uninterrupted run ends. Real processes through `burn-dist-run`.
+
+mod support;
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use burn_dist_zero::checkpoint;
+use support::{launcher, read_f32s, scratch_dir};
+
+const TIMEOUT: Duration = Duration::from_secs(120);
+
+/// `burn-dist-run --nproc-per-node 2 -- synthetic-zero ...` with `env`; calls `on_line` with
+/// every stderr line as it arrives; returns the exit status (bounded by TIMEOUT).
+fn train(
+    dir: &Path,
+    out: &Path,
+    env: &[(&str, &str)],
+    mut on_line: impl FnMut(&str),
+) -> ExitStatus {
+    let mut child = Command::new(launcher())
+        .args([
+            "--nproc-per-node",
+            "2",
+            "--master-port",
+            "0",
+            "--stop-grace-secs",
+            "2",
+            "--",
+        ])
+        .arg(env!("CARGO_BIN_EXE_synthetic-zero"))
+        .args([
+            "--steps",
+            "6",
+            "--checkpoint-every",
+            "2",
+            "--checkpoint-dir",
+        ])
+        .arg(dir)
+        .arg("--out")
+        .arg(out)
+        .env("BURN_DIST_TIMEOUT_SECS", "60")
+        .envs(env.iter().copied())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting burn-dist-run");
+    let (lines, seen) = mpsc::channel();
+    let stderr = child.stderr.take().expect("piped stderr");
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if lines.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut transcript = Vec::new();
+    loop {
+        match seen.recv_timeout(TIMEOUT) {
+            Ok(line) => {
+                on_line(&line);
+                transcript.push(line);
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                let _ = child.kill();
+                panic!("no output for {TIMEOUT:?}:\n{}", transcript.join("\n"));
+            }
+        }
+    }
+    // Its stderr is closed, so the launcher has exited (or is about to).
+    child.wait().expect("waiting for burn-dist-run")
+}
+
+#[test]
+fn sigkill_inside_a_checkpoint_write_leaves_the_previous_checkpoint_loadable() {
+    let root = scratch_dir("ckpt-crash");
+    let (straight, crashed) = (root.join("straight"), root.join("crashed"));
+    let status = train(&straight, &root.join("straight.bin"), &[], |_| {});
+    assert!(status.success(), "uninterrupted run: {status}");
+
+    // Every rank pauses once its shard of step 4 is durable; rank 1 is killed there.
+    let mut killed = false;
+    let status = train(
+        &crashed,
+        &root.join("unused.bin"),
+        &[(checkpoint::PAUSE_VAR, "after-shard:4")],
+        |line| {
+            let announce = "paused at after-shard on rank 1 (pid ";
+            if let Some(at) = line.find(announce) {
+                let pid: i32 = line[at + announce.len()..]
+                    .trim_end_matches(')')
+                    .parse()
+                    .expect("a pid");
+                assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+                killed = true;
+            }
+        },
+    );
+    assert!(killed, "rank 1 never reached the fault point");
+    assert!(!status.success(), "the job must fail when a rank dies");
+    let latest = checkpoint::latest(&crashed)
+        .unwrap()
+        .expect("a complete checkpoint");
+    assert_eq!(
+        latest,
+        checkpoint::step_dir(&crashed, 2),
+        "step 4 has no manifest: it must not count"
+    );
+    checkpoint::verify(&latest).expect("step 2 verifies");
+
+    // Resuming from step 2 ends exactly where the uninterrupted run ended.
+    let status = train(&crashed, &root.join("resumed.bin"), &[], |_| {});
+    assert!(status.success(), "resumed run: {status}");
+    assert_eq!(
+        read_f32s(&root.join("resumed.bin")),
+        read_f32s(&root.join("straight.bin"))
+    );
+    let _ = std::fs::remove_dir_all(&root);
+}
