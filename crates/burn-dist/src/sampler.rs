@@ -43,12 +43,20 @@ impl DistributedSampler {
 
     /// This rank's indices into a dataset of `len` items for `epoch`, in reading order.
     pub fn indices(&self, len: usize, epoch: u64) -> Vec<usize> {
+        self.indices_from(len, epoch, 0)
+    }
+
+    /// This rank's remaining indices for `epoch` once `consumed` items of the epoch's global
+    /// order have been read, by any number of ranks: resumes the data stream exactly where a
+    /// checkpoint's `samples_consumed` left it, at any world size.
+    pub fn indices_from(&self, len: usize, epoch: u64, consumed: usize) -> Vec<usize> {
         let mut order: Vec<usize> = (0..len).collect();
         if self.shuffle {
             shuffle(&mut order, mix(self.seed ^ mix(epoch.wrapping_add(0x5EED))));
         }
-        let total = self.per_rank(len) * self.world;
-        let padded = (0..total).map(|i| order[i % len.max(1)]);
+        let remaining = &order[consumed.min(len)..];
+        let per_rank = self.per_rank(remaining.len());
+        let padded = (0..per_rank * self.world).map(|i| remaining[i % remaining.len().max(1)]);
         padded.skip(self.rank).step_by(self.world).collect()
     }
 }
@@ -151,6 +159,31 @@ mod tests {
         assert_eq!(
             unshuffled.indices(100, 9),
             (0..50).map(|i| 2 * i + 1).collect::<Vec<_>>()
+        );
+    }
+
+    #[test]
+    fn resuming_at_another_world_size_reads_exactly_the_rest_of_the_epoch() {
+        // 2 ranks read 3 steps of 1 item each (6 items globally), then 3 ranks resume.
+        let before: Vec<usize> = (0..3)
+            .flat_map(|step| (0..2).map(move |r| sampler(2, r, true).indices(20, 4)[step]))
+            .collect();
+        let mut after: Vec<usize> = (0..3)
+            .flat_map(|r| sampler(3, r, true).indices_from(20, 4, 6))
+            .collect();
+        let order: Vec<usize> = sampler(1, 0, true).indices(20, 4);
+        assert_eq!(
+            before,
+            order[..6],
+            "the first 6 items of the global order were read"
+        );
+        // 14 items remain; 3 ranks with the tail dropped read the next 12 of them.
+        let mut rest = order[6..18].to_vec();
+        after.sort();
+        rest.sort();
+        assert_eq!(
+            after, rest,
+            "the resumed ranks read the rest of the global order"
         );
     }
 
