@@ -10,7 +10,7 @@
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -57,7 +57,15 @@ struct Shared {
     control: Vec<Option<Mutex<TcpStream>>>,
     departed: Vec<AtomicBool>,
     closing: AtomicBool,
+    /// Signalled when `failure` is set, for `io_error`'s grace wait.
+    failed: (Mutex<()>, Condvar),
 }
+
+/// How long a rank that saw a peer's connection close waits for that peer's abort (or the
+/// dead rank's name) to arrive on the control connection before blaming the peer itself. A
+/// rank that aborts sends its reason on control first, then closes its data sockets; the two
+/// race on the receiving side.
+const ABORT_GRACE: Duration = Duration::from_millis(500);
 
 impl TcpTransport {
     /// Wraps established links; `links[rank]` must be `None`.
@@ -93,6 +101,7 @@ impl TcpTransport {
                 .collect(),
             departed: (0..world).map(|_| AtomicBool::new(false)).collect(),
             closing: AtomicBool::new(false),
+            failed: (Mutex::new(()), Condvar::new()),
         });
         let tx = TcpTx {
             data: clone_all(&|l| &l.data)?,
@@ -175,6 +184,16 @@ impl Shared {
     /// The error to report for an I/O failure with `peer`: the recorded root cause if the group
     /// has failed (our own shutdown of the sockets is what woke us), else what `err` means.
     fn io_error(&self, peer: usize, op: &OpDesc, err: io::Error) -> CommError {
+        let closed = matches!(
+            err.kind(),
+            io::ErrorKind::UnexpectedEof
+                | io::ErrorKind::ConnectionReset
+                | io::ErrorKind::ConnectionAborted
+                | io::ErrorKind::BrokenPipe
+        );
+        if closed {
+            self.wait_for_failure(ABORT_GRACE);
+        }
         if let Some(failure) = self.failure.get() {
             return failure.clone();
         }
@@ -196,6 +215,17 @@ impl Shared {
     }
 }
 
+impl Shared {
+    /// Waits up to `grace` for some thread (a watchdog) to record the group's failure.
+    fn wait_for_failure(&self, grace: Duration) {
+        let (lock, signal) = &self.failed;
+        let guard = lock.lock().unwrap_or_else(|e| e.into_inner());
+        let _unused = signal
+            .wait_timeout_while(guard, grace, |_| self.failure.get().is_none())
+            .unwrap_or_else(|e| e.into_inner());
+    }
+}
+
 impl Abort for Shared {
     fn abort(&self, error: CommError) -> CommError {
         let mut first = false;
@@ -204,6 +234,9 @@ impl Abort for Shared {
             error
         });
         if first {
+            let (lock, signal) = &self.failed;
+            drop(lock.lock().unwrap_or_else(|e| e.into_inner()));
+            signal.notify_all();
             tracing::error!(rank = self.rank, "aborting the group: {cause}");
             if !matches!(cause, CommError::Aborted { .. }) {
                 self.send_control(CONTROL_ABORT, &cause.to_string());
