@@ -56,6 +56,17 @@ struct Plan<'a> {
 
 /// Trains an MLP with ZeroAdam and a loss scaler on `plan.world` thread ranks, optionally
 /// resuming from a checkpoint first and saving one on the way.
+/// 2 ranks train 2 steps and save a checkpoint of step 2 under `root`.
+fn saved_at_step_2(root: &Path) -> Vec<Outcome> {
+    train(Plan {
+        world: 2,
+        seed: SEED,
+        save: Some((root, 2)),
+        until: 2,
+        ..Default::default()
+    })
+}
+
 fn train(plan: Plan<'_>) -> Vec<Outcome> {
     let world = plan.world;
     run_ranks(
@@ -306,13 +317,7 @@ fn damaged_checkpoints_are_refused_naming_the_file() {
 #[test]
 fn consolidation_holds_the_gathered_state() {
     let root = tempfile::tempdir().unwrap();
-    let outcomes = train(Plan {
-        world: 2,
-        seed: SEED,
-        save: Some((root.path(), 2)),
-        until: 2,
-        ..Default::default()
-    });
+    let outcomes = saved_at_step_2(root.path());
     let [master, m, v] = joined(&snapshots(&outcomes));
     let out = root.path().join("full.safetensors");
     checkpoint::consolidate(root.path(), &out).unwrap();
@@ -350,13 +355,7 @@ fn consolidation_holds_the_gathered_state() {
 #[test]
 fn an_interrupted_save_leaves_the_previous_checkpoint_latest() {
     let root = tempfile::tempdir().unwrap();
-    train(Plan {
-        world: 2,
-        seed: SEED,
-        save: Some((root.path(), 2)),
-        until: 2,
-        ..Default::default()
-    });
+    saved_at_step_2(root.path());
     // A later save that wrote its shards but crashed before the manifest: simulated by a
     // complete save with its manifest removed, and one that wrote a single shard.
     train(Plan {
@@ -386,13 +385,7 @@ fn an_interrupted_save_leaves_the_previous_checkpoint_latest() {
 #[test]
 fn the_cli_inspects_and_consolidates() {
     let root = tempfile::tempdir().unwrap();
-    let outcomes = train(Plan {
-        world: 2,
-        seed: SEED,
-        save: Some((root.path(), 2)),
-        until: 2,
-        ..Default::default()
-    });
+    let outcomes = saved_at_step_2(root.path());
     let cli = |args: &[&std::ffi::OsStr]| {
         std::process::Command::new(env!("CARGO_BIN_EXE_burn-dist-ckpt"))
             .args(args)
