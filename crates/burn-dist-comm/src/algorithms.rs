@@ -32,6 +32,26 @@ fn chunk_bytes(len: usize, world: usize, index: usize, elem: usize) -> Range<usi
     r.start * elem..r.end * elem
 }
 
+/// The element counts of every rank's [`chunk_range`] of `len` elements.
+pub(crate) fn even_counts(len: usize, world: usize) -> Vec<usize> {
+    (0..world)
+        .map(|q| chunk_range(len, world, q).len())
+        .collect()
+}
+
+/// Byte ranges of consecutive chunks of `counts[q]` elements each.
+fn count_bytes(counts: &[usize], elem: usize) -> Vec<Range<usize>> {
+    let mut start = 0;
+    counts
+        .iter()
+        .map(|&n| {
+            let range = start..start + n * elem;
+            start = range.end;
+            range
+        })
+        .collect()
+}
+
 /// Splits `bytes` into consecutive disjoint pieces of the given sizes.
 fn split_by_sizes(mut bytes: &mut [u8], sizes: impl Iterator<Item = usize>) -> Vec<&mut [u8]> {
     sizes
@@ -52,23 +72,25 @@ fn split_chunks(bytes: &mut [u8], world: usize, elem: usize) -> Vec<&mut [u8]> {
     )
 }
 
-/// Leaves this rank's chunk of `data` reduced over all ranks; the other chunks are unchanged.
+/// Leaves this rank's chunk of `data` (rank `q` owns the `counts[q]` elements after those of
+/// the ranks before it) reduced over all ranks; the other chunks are unchanged.
 pub(crate) fn reduce_scatter_in_place(
     t: &mut dyn Transport,
     op: &OpDesc,
     data: &mut [u8],
     dtype: DType,
     reduce: ReduceOp,
+    counts: &[usize],
     scratch: &mut Scratch,
 ) -> Result<()> {
     let (rank, world, elem) = (t.rank(), t.world(), dtype.size());
-    let len = data.len() / elem;
-    let own = chunk_bytes(len, world, rank, elem);
+    let chunks = count_bytes(counts, elem);
+    let own = chunks[rank].clone();
     let staging = scratch.bytes(own.len() * world);
     // One receive slot per rank, each the size of this rank's chunk.
     let mut slots = split_by_sizes(staging, std::iter::repeat_n(own.len(), world));
     let sends: Vec<(usize, &[u8])> = send_order(rank, world)
-        .map(|q| (q, &data[chunk_bytes(len, world, q, elem)]))
+        .map(|q| (q, &data[chunks[q].clone()]))
         .collect();
     let mut recvs: Vec<(usize, &mut [u8])> = recv_order(rank, world)
         .map(|q| (q, std::mem::take(&mut slots[q])))
@@ -107,21 +129,25 @@ pub(crate) fn all_reduce(
     scratch: &mut Scratch,
 ) -> Result<()> {
     let dtype = buf.dtype();
-    reduce_scatter_in_place(t, op, buf.as_bytes_mut(), dtype, reduce, scratch)?;
+    let counts = even_counts(buf.len(), t.world());
+    reduce_scatter_in_place(t, op, buf.as_bytes_mut(), dtype, reduce, &counts, scratch)?;
     all_gather_in_place(t, op, buf.as_bytes_mut(), dtype.size())
 }
 
-/// Returns this rank's chunk ([`chunk_range`]) of the reduction of `buf` over all ranks.
+/// Returns this rank's chunk (`counts[rank]` elements after those of the ranks before it) of
+/// the reduction of `buf` over all ranks.
 pub(crate) fn reduce_scatter(
     t: &mut dyn Transport,
     op: &OpDesc,
     mut buf: HostBuffer,
     reduce: ReduceOp,
+    counts: &[usize],
     scratch: &mut Scratch,
 ) -> Result<HostBuffer> {
     let dtype = buf.dtype();
-    reduce_scatter_in_place(t, op, buf.as_bytes_mut(), dtype, reduce, scratch)?;
-    Ok(buf.slice(chunk_range(buf.len(), t.world(), t.rank())))
+    reduce_scatter_in_place(t, op, buf.as_bytes_mut(), dtype, reduce, counts, scratch)?;
+    let start: usize = counts[..t.rank()].iter().sum();
+    Ok(buf.slice(start..start + counts[t.rank()]))
 }
 
 /// Concatenates every rank's chunk, in rank order, into a buffer of `total_len` elements.

@@ -28,6 +28,17 @@ pub trait Communicator: Send + Sync {
     /// [`chunk_range`]`(buf.len(), world_size, rank)`.
     fn reduce_scatter(&self, buf: Self::Buffer, op: ReduceOp) -> Pending<Self::Buffer>;
 
+    /// Reduce-scatter into uneven chunks: rank `q` gets the `counts[q]` elements that follow
+    /// the chunks of ranks `0..q` (a count may be 0). `counts` must have one entry per rank,
+    /// sum to `buf.len()` and be the same on every rank. ZeRO-2 uses it to reduce each bucket's
+    /// segments straight to the ranks that own them.
+    fn reduce_scatter_counts(
+        &self,
+        buf: Self::Buffer,
+        op: ReduceOp,
+        counts: Vec<usize>,
+    ) -> Pending<Self::Buffer>;
+
     /// Concatenates every rank's chunk into `total_len` elements; `shard` must hold exactly
     /// this rank's [`chunk_range`] of `total_len`.
     fn all_gather(&self, shard: Self::Buffer, total_len: usize) -> Pending<Self::Buffer>;
@@ -101,7 +112,8 @@ type Done<T> = Sender<Result<T>>;
 
 enum Job {
     AllReduce(HostBuffer, ReduceOp, Done<HostBuffer>),
-    ReduceScatter(HostBuffer, ReduceOp, Done<HostBuffer>),
+    /// With every rank's element count (the even [`chunk_range`] split unless given).
+    ReduceScatter(HostBuffer, ReduceOp, Vec<usize>, Done<HostBuffer>),
     AllGather(HostBuffer, usize, Done<HostBuffer>),
     Broadcast(HostBuffer, usize, Done<HostBuffer>),
     Barrier(Done<()>),
@@ -177,7 +189,17 @@ impl Communicator for HostCommunicator {
     }
 
     fn reduce_scatter(&self, buf: HostBuffer, op: ReduceOp) -> Pending<HostBuffer> {
-        self.submit(|done| Job::ReduceScatter(buf, op, done))
+        let counts = algorithms::even_counts(buf.len(), self.world);
+        self.reduce_scatter_counts(buf, op, counts)
+    }
+
+    fn reduce_scatter_counts(
+        &self,
+        buf: HostBuffer,
+        op: ReduceOp,
+        counts: Vec<usize>,
+    ) -> Pending<HostBuffer> {
+        self.submit(|done| Job::ReduceScatter(buf, op, counts, done))
     }
 
     fn all_gather(&self, shard: HostBuffer, total_len: usize) -> Pending<HostBuffer> {
@@ -246,17 +268,20 @@ impl Worker {
                 });
                 self.finish(done, result.map(|()| buf));
             }
-            Job::ReduceScatter(buf, reduce, done) => {
+            Job::ReduceScatter(buf, reduce, counts, done) => {
                 let op = self.desc(OpKind::ReduceScatter, Some(&buf), Some(reduce));
-                let result = check_reduce(&op, reduce).and_then(|()| {
-                    algorithms::reduce_scatter(
-                        &mut *self.transport,
-                        &op,
-                        buf,
-                        reduce,
-                        &mut self.scratch,
-                    )
-                });
+                let result = check_reduce(&op, reduce)
+                    .and_then(|()| check_counts(&op, &counts, buf.len(), world))
+                    .and_then(|()| {
+                        algorithms::reduce_scatter(
+                            &mut *self.transport,
+                            &op,
+                            buf,
+                            reduce,
+                            &counts,
+                            &mut self.scratch,
+                        )
+                    });
                 self.finish(done, result);
             }
             Job::AllGather(shard, total_len, done) => {
@@ -302,6 +327,18 @@ impl Worker {
         let result = result.map_err(|e| self.transport.abort(e));
         _ = done.send(result);
     }
+}
+
+fn check_counts(op: &OpDesc, counts: &[usize], len: usize, world: usize) -> Result<()> {
+    let total: usize = counts.iter().sum();
+    if counts.len() != world || total != len {
+        let reason = format!(
+            "the counts {counts:?} must give one chunk per rank ({world}) and sum to the buffer's \
+             {len} elements"
+        );
+        return Err(CommError::invalid(op.to_string(), reason));
+    }
+    Ok(())
 }
 
 fn check_reduce(op: &OpDesc, reduce: ReduceOp) -> Result<()> {

@@ -93,6 +93,64 @@ fn reduce_scatter_matches_reference(wire: Wire, lengths: &[usize]) {
     }
 }
 
+/// Uneven splits, empty chunks included (ZeRO-2's bucket segments): every rank gets its chunk
+/// of the reference, bitwise.
+fn reduce_scatter_counts_match_reference(wire: Wire) {
+    let splits: [&[usize]; 6] = [
+        &[5],
+        &[0, 9],
+        &[9, 0],
+        &[3, 0, 4],
+        &[0, 0, 7, 0],
+        &[1, 8, 0, 2],
+    ];
+    for counts in splits {
+        let (world, len) = (counts.len(), counts.iter().sum::<usize>());
+        for (dtype, op) in reductions() {
+            let inputs: Vec<_> = (0..world).map(|r| rank_data(dtype, len, 19, r)).collect();
+            let want = reference_reduce(&inputs, op);
+            let got = with_group(wire, world, |rank, comm| {
+                comm.reduce_scatter_counts(inputs[rank].clone(), op, counts.to_vec())
+                    .wait()
+                    .unwrap()
+            });
+            for (rank, got) in got.iter().enumerate() {
+                let start: usize = counts[..rank].iter().sum();
+                let what = format!("reduce_scatter_counts {dtype} {op} {counts:?} rank {rank}");
+                assert_bitwise(got, &want.slice(start..start + counts[rank]), &what);
+            }
+        }
+    }
+}
+
+#[test]
+fn reduce_scatter_counts_match_reference_in_process() {
+    reduce_scatter_counts_match_reference(Wire::Local);
+}
+
+#[test]
+fn reduce_scatter_counts_match_reference_over_tcp() {
+    reduce_scatter_counts_match_reference(Wire::Tcp);
+}
+
+#[test]
+fn reduce_scatter_counts_that_do_not_fit_are_refused() {
+    let got = with_group(Wire::Local, 2, |_, comm| {
+        comm.reduce_scatter_counts(HostBuffer::F32(vec![1.0; 5]), ReduceOp::Sum, vec![2, 2])
+            .wait()
+    });
+    for (rank, result) in got.into_iter().enumerate() {
+        let message = result
+            .expect_err("counts summing to 4 for 5 elements")
+            .to_string();
+        assert!(
+            message.contains("sum to the buffer's 5 elements")
+                && message.contains("reduce_scatter"),
+            "rank {rank}: {message}"
+        );
+    }
+}
+
 fn all_gather_and_broadcast_match_reference(wire: Wire, lengths: &[usize]) {
     for world in 1..=4 {
         for dtype in [DType::F32, DType::F16, DType::BF16, DType::U8] {
