@@ -32,6 +32,11 @@ pub struct ZeroAdamConfig {
     /// Shard lengths are a multiple of this many elements (the fused kernels' vector width).
     #[config(default = 4)]
     pub align: usize,
+    /// ZeRO stage: 1 shards the optimizer state (gradients are all-reduced in full); 2 also
+    /// shards the gradients (each bucket is reduced straight to the ranks that own its
+    /// elements, and each rank keeps only its shard of the gradient).
+    #[config(default = 1)]
+    pub stage: u8,
 }
 
 impl ZeroAdamConfig {

@@ -6,11 +6,12 @@
 pub mod checkpoint;
 mod config;
 mod error;
-pub mod flat;
 mod zero_adam;
 
+/// The flat layout lives in burn-dist: its reducer cuts ZeRO-2 buckets at the same shard
+/// boundaries.
+pub use burn_dist::flat::{self, FlatLayout, Piece};
 pub use checkpoint::{CheckpointError, TrainingState};
 pub use config::ZeroAdamConfig;
 pub use error::{Result, ZeroError};
-pub use flat::{FlatLayout, Piece};
 pub use zero_adam::{OptimizerShard, StepReport, ZeroAdam};

@@ -1,7 +1,9 @@
 //! `ZeroAdam`: Adam(W) whose fp32 master weights and moments are sharded across ranks.
 //!
 //! One step, as llm.c's ZeRO-1 path reads:
-//! 1. take this rank's shard of the (already averaged) gradient;
+//! 1. take this rank's shard of the (already averaged) gradient: from Burn's gradients at
+//!    stage 1 (the reducer all-reduced them in full), from the reducer at stage 2 (it reduced
+//!    each bucket straight to the owners, so no rank ever held the full reduced gradient);
 //! 2. unscale it and check it; agree with every rank on "found inf" and the global norm
 //!    (one tiny all-gather, norms summed in f64 in rank order);
 //! 3. update the shard's master weights and moments with clipped AdamW (skipped everywhere if
@@ -77,8 +79,18 @@ impl ZeroAdam {
                 "call `Ddp::prepare(model)` before building ZeroAdam".into(),
             ));
         }
+        if !(1..=2).contains(&config.stage) {
+            return Err(ZeroError::Usage(format!(
+                "ZeRO stage {} is not supported: use 1 (sharded optimizer state) or 2 (sharded \
+                 optimizer state and gradients)",
+                config.stage
+            )));
+        }
         let numels: Vec<usize> = params.iter().map(ParamInfo::numel).collect();
         let layout = FlatLayout::new(&numels, ddp.world_size(), config.align);
+        if config.stage == 2 {
+            ddp.shard_gradients(layout.clone())?;
+        }
         let pieces = layout.pieces(ddp.rank());
         let mut master = vec![0.0; layout.shard_len];
         let mut read = ReadShard::<B> {
@@ -156,7 +168,9 @@ impl ZeroAdam {
         self.skipped
     }
 
-    /// One optimizer step with learning rate `lr` on gradients averaged over ranks.
+    /// One optimizer step with learning rate `lr` on gradients averaged over ranks: `grads` as
+    /// `Ddp::backward` returned them (at stage 2 that container is empty and the gradient shard
+    /// comes from the reducer).
     pub fn step<B: AutodiffBackend, M: AutodiffModule<B>>(
         &mut self,
         lr: f64,
@@ -193,18 +207,25 @@ impl ZeroAdam {
         inv_scale: f32,
     ) -> Result<(M, StepReport)> {
         // 1. This rank's shard of the gradient.
-        let mut grad = vec![0.0f32; self.layout.shard_len];
-        let mut read = ReadShard::<B> {
-            params: &self.params,
-            pieces: &self.pieces,
-            grads: Some(&grads),
-            out: &mut grad,
-            present: Vec::new(),
-            has_grad: vec![false; self.params.len()],
-            _b: Default::default(),
+        let (mut grad, present, has_grad) = if self.config.stage == 2 {
+            let shard = ddp.take_gradient_shard()?;
+            let present = self.pieces.iter().map(|p| shard.used[p.param]).collect();
+            (shard.values, present, shard.used)
+        } else {
+            let mut grad = vec![0.0f32; self.layout.shard_len];
+            let mut read = ReadShard::<B> {
+                params: &self.params,
+                pieces: &self.pieces,
+                grads: Some(&grads),
+                out: &mut grad,
+                present: Vec::new(),
+                has_grad: vec![false; self.params.len()],
+                _b: Default::default(),
+            };
+            model.visit(&mut read);
+            let (present, has_grad) = (read.present, read.has_grad);
+            (grad, present, has_grad)
         };
-        model.visit(&mut read);
-        let (present, has_grad) = (read.present, read.has_grad);
 
         // 2. Agree on found-inf and the global norm.
         let (found_inf, sum_sq) = unscale_and_check(&mut grad, inv_scale);

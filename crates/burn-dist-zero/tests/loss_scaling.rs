@@ -21,9 +21,10 @@ fn loss(model: &Mlp<B>, step: usize, rows: std::ops::Range<usize>) -> Tensor<B, 
     (model.forward(x) - y).powi_scalar(2).mean()
 }
 
-/// Trains 3 ranks for `steps`. With `scaled`, through a GradScaler; `poison(rank, step)`
+/// Trains 3 ranks for `steps` with ZeRO `stage`. With `scaled`, through a GradScaler; `poison(rank, step)`
 /// makes that rank's loss infinite at that step. Returns (parameters, scale, skipped) per rank.
 fn train(
+    stage: u8,
     steps: &[usize],
     scaled: bool,
     poison: &(dyn Fn(usize, usize) -> bool + Sync),
@@ -35,7 +36,10 @@ fn train(
             let mut model = ddp
                 .prepare(Mlp::<B>::new(&MLP_SIZES, 7, &FlexDevice))
                 .unwrap();
-            let mut zero = ZeroAdamConfig::new().init::<B, _>(&ddp, &model).unwrap();
+            let mut zero = ZeroAdamConfig::new()
+                .with_stage(stage)
+                .init::<B, _>(&ddp, &model)
+                .unwrap();
             let mut scaler = GradScalerConfig::new().with_growth_interval(2).init();
             for &step in steps {
                 let mut l = loss(&model, step, shard_rows(GLOBAL_BATCH, rank, 3));
@@ -65,8 +69,8 @@ fn train(
 
 #[test]
 fn power_of_two_loss_scale_changes_nothing() {
-    let plain = train(&[0, 1, 2, 3, 4], false, &|_, _| false);
-    let scaled = train(&[0, 1, 2, 3, 4], true, &|_, _| false);
+    let plain = train(1, &[0, 1, 2, 3, 4], false, &|_, _| false);
+    let scaled = train(1, &[0, 1, 2, 3, 4], true, &|_, _| false);
     assert_eq!(
         scaled[0].0, plain[0].0,
         "scaling by 2^k and unscaling is exact"
@@ -80,17 +84,28 @@ fn power_of_two_loss_scale_changes_nothing() {
 
 #[test]
 fn inf_on_one_rank_skips_the_step_on_every_rank_without_advancing_adam() {
-    let poisoned = train(&[0, 1, 2, 3, 4], true, &|rank, step| rank == 1 && step == 2);
-    // The same run without step 2 at all: Adam's step count and moments must match.
-    let without = train(&[0, 1, 3, 4], true, &|_, _| false);
-    for (rank, (params, scale, skipped)) in poisoned.iter().enumerate() {
-        assert_eq!(*skipped, 1, "rank {rank} must skip exactly one step");
-        assert_eq!(params, &poisoned[0].0, "rank {rank} diverged");
-        // 65536, grown after steps 0-1, backed off at 2, grown after 3-4: the same everywhere.
-        assert_eq!(*scale, 131072.0, "rank {rank}'s scale");
+    for stage in [1, 2] {
+        let poisoned = train(stage, &[0, 1, 2, 3, 4], true, &|rank, step| {
+            rank == 1 && step == 2
+        });
+        // The same run without step 2 at all: Adam's step count and moments must match.
+        let without = train(stage, &[0, 1, 3, 4], true, &|_, _| false);
+        for (rank, (params, scale, skipped)) in poisoned.iter().enumerate() {
+            assert_eq!(
+                *skipped, 1,
+                "stage {stage}: rank {rank} must skip exactly one step"
+            );
+            assert_eq!(
+                params, &poisoned[0].0,
+                "stage {stage}: rank {rank} diverged"
+            );
+            // 65536, grown after steps 0-1, backed off at 2, grown after 3-4: everywhere.
+            assert_eq!(*scale, 131072.0, "stage {stage}: rank {rank}'s scale");
+        }
+        assert_eq!(
+            poisoned[0].0, without[0].0,
+            "stage {stage}: a skipped step leaves parameters and Adam state as if it never \
+             happened"
+        );
     }
-    assert_eq!(
-        poisoned[0].0, without[0].0,
-        "a skipped step leaves parameters and Adam state as if it never happened"
-    );
 }

@@ -1,4 +1,5 @@
-//! ZeroAdam at 1–4 ranks equals Burn's AdamW (and Adam) on one rank over 50 steps.
+//! ZeroAdam at 1–4 ranks, ZeRO stages 1 and 2, equals Burn's AdamW (and Adam) on one rank over
+//! 50 steps; stage 2 equals stage 1 and keeps only its shard of the gradient.
 
 use burn::backend::Autodiff;
 use burn_dist::testing::{
@@ -21,10 +22,26 @@ fn train(
     world: usize,
     optimizer: &(impl OptimizerKind + Sync),
 ) -> Vec<Vec<Vec<f32>>> {
+    train_accumulating(task, world, 1, optimizer)
+}
+
+/// Small buckets, so that the models span several and ZeRO-2's segments cross shard boundaries.
+fn ddp_config(accumulation: usize) -> DdpConfig {
     let buckets = BucketConfig::new()
         .with_first_bucket_bytes(1024)
         .with_bucket_bytes(4096);
-    let config = DdpConfig::new().with_buckets(buckets);
+    DdpConfig::new()
+        .with_buckets(buckets)
+        .with_accumulation_steps(accumulation)
+}
+
+fn train_accumulating(
+    task: Synthetic,
+    world: usize,
+    accumulation: usize,
+    optimizer: &(impl OptimizerKind + Sync),
+) -> Vec<Vec<Vec<f32>>> {
+    let config = ddp_config(accumulation);
     train_ranks::<B>(
         world,
         &config,
@@ -39,20 +56,23 @@ fn train(
 
 fn assert_matches(task: Synthetic, zero: ZeroAdamConfig, burn: &(impl OptimizerKind + Sync)) {
     let reference = train(task, 1, burn).remove(0);
-    for world in 1..=4 {
-        let ranks = train(task, world, &zero);
-        for (rank, params) in ranks.iter().enumerate() {
-            assert!(
-                params == &ranks[0],
-                "{task:?}, {world} ranks: rank {rank} differs from rank 0"
+    for stage in [1, 2] {
+        let zero = zero.clone().with_stage(stage);
+        for world in 1..=4 {
+            let ranks = train(task, world, &zero);
+            for (rank, params) in ranks.iter().enumerate() {
+                assert!(
+                    params == &ranks[0],
+                    "{task:?}, stage {stage}, {world} ranks: rank {rank} differs from rank 0"
+                );
+            }
+            assert_close(
+                &ranks[0],
+                &reference,
+                1e-5,
+                &format!("{task:?}, stage {stage}, {world} ranks vs Burn"),
             );
         }
-        assert_close(
-            &ranks[0],
-            &reference,
-            1e-5,
-            &format!("{task:?}, {world} ranks vs Burn"),
-        );
     }
 }
 
@@ -111,14 +131,85 @@ fn global_norm_clipping_does_not_depend_on_the_sharding() {
             .any(|(a, b)| relative_error(a, b) > 1e-3),
         "clipping must change the result"
     );
-    for world in 2..=4 {
-        let ranks = train(Synthetic::Mlp, world, &clipped);
+    for (stage, world) in [(1, 2), (1, 3), (1, 4), (2, 2), (2, 3), (2, 4)] {
+        let ranks = train(Synthetic::Mlp, world, &clipped.clone().with_stage(stage));
         assert_close(
             &ranks[0],
             &reference,
             1e-5,
-            &format!("{world} ranks vs 1 rank"),
+            &format!("stage {stage}, {world} ranks vs 1 rank"),
         );
+    }
+}
+
+#[test]
+fn stage_two_equals_stage_one() {
+    for task in [Synthetic::Mlp, Synthetic::Transformer] {
+        for world in 2..=4 {
+            let one = train(task, world, &ZeroAdamConfig::new().with_stage(1));
+            let two = train(task, world, &ZeroAdamConfig::new().with_stage(2));
+            // The same rank-order sums: each element is folded exactly as the all-reduce does.
+            assert!(
+                one == two,
+                "{task:?}, {world} ranks: stage 2 differs from stage 1"
+            );
+        }
+    }
+}
+
+#[test]
+fn stage_two_reduces_every_micro_batch_into_the_owners_shard() {
+    // 12 rows over 2 ranks in 3 micro-batches of 2. Stage 1 sums the window locally, then
+    // all-reduces once; stage 2 reduces each micro-batch to the owners and sums the shards:
+    // the same mean, summed in another order.
+    let one = train_accumulating(Synthetic::Mlp, 2, 3, &ZeroAdamConfig::new().with_stage(1));
+    let two = train_accumulating(Synthetic::Mlp, 2, 3, &ZeroAdamConfig::new().with_stage(2));
+    assert_close(&two[0], &one[0], 1e-5, "accumulating, stage 2 vs stage 1");
+    assert!(two[0] == two[1], "ranks agree");
+}
+
+#[test]
+fn after_backward_each_rank_holds_only_its_gradient_shard() {
+    use burn_dist::testing::{MLP_SIZES, Mlp, shard_rows, synthetic_rows};
+    const WORLD: usize = 3;
+    let [input, .., output] = MLP_SIZES;
+    for stage in [1, 2] {
+        let held = run_ranks(
+            HostCommunicator::local_group(WORLD, &CommConfig::default()),
+            |rank, comm| {
+                let mut ddp = Ddp::for_thread(comm, ddp_config(1));
+                let model = ddp
+                    .prepare(Mlp::<B>::new(&MLP_SIZES, 7, &FlexDevice))
+                    .unwrap();
+                let mut zero = ZeroAdamConfig::new()
+                    .with_stage(stage)
+                    .init::<B, _>(&ddp, &model)
+                    .unwrap();
+                let rows = shard_rows(GLOBAL_BATCH, rank, WORLD);
+                let x =
+                    synthetic_rows::<B, 2>(0, 0, [GLOBAL_BATCH, input], rows.clone(), &FlexDevice);
+                let y = synthetic_rows::<B, 2>(1, 0, [GLOBAL_BATCH, output], rows, &FlexDevice);
+                let loss = (model.forward(x) - y).powi_scalar(2).mean();
+                let grads = ddp.backward(loss, &model).unwrap().unwrap();
+                let held = ddp.gradient_elements_held();
+                let returned = grads.len();
+                let layout = zero.layout().clone();
+                zero.step(LR, model, grads, &ddp).unwrap();
+                (held, returned, layout.shard_len, layout.total)
+            },
+        );
+        for (rank, (held, returned, shard_len, total)) in held.into_iter().enumerate() {
+            if stage == 2 {
+                assert_eq!(held, shard_len, "stage 2, rank {rank}: only its shard");
+                assert_eq!(
+                    returned, 0,
+                    "stage 2, rank {rank}: no full gradient returned"
+                );
+                assert!(shard_len * WORLD < total + 4 * WORLD);
+            } else {
+                assert_eq!(held, total, "stage 1, rank {rank}: every bucket, in full");
+            }
+        }
     }
 }
 

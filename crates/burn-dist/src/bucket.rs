@@ -91,6 +91,28 @@ impl Layout {
         let order: Vec<usize> = (0..numels.len()).rev().collect();
         Layout::build(numels, &order, config)
     }
+
+    /// ZeRO-2's layout, frozen for the whole run: the buckets of [`Layout::initial`] (runs of
+    /// consecutive parameters, last layer first), each laid out in visit order, so that a
+    /// bucket's buffer is one contiguous range of the canonical flat vector and can be
+    /// reduce-scattered straight to the shards' owners.
+    pub fn flat_ordered(numels: &[usize], config: &BucketConfig) -> Layout {
+        let mut layout = Layout::initial(numels, config);
+        for (b, bucket) in layout.buckets.iter_mut().enumerate() {
+            let lowest = bucket.params.iter().copied().min().unwrap_or(0);
+            for (&p, offset) in bucket.params.iter().zip(&mut bucket.offsets) {
+                *offset = numels[lowest..p].iter().sum();
+                layout.slot[p] = (b, *offset);
+            }
+        }
+        layout
+    }
+
+    /// The lowest parameter (visit order) of bucket `b`: its buffer starts where that
+    /// parameter starts in a [`Layout::flat_ordered`] layout.
+    pub fn first_param(&self, b: usize) -> usize {
+        self.buckets[b].params.iter().copied().min().unwrap_or(0)
+    }
 }
 
 /// Completes an observed ready order into a full order: the observed parameters first, then
@@ -161,6 +183,26 @@ mod tests {
         let layout = Layout::build(&[1, 1000, 1], &[0, 1, 2], &config(8, 8));
         let params: Vec<_> = layout.buckets.iter().map(|b| b.params.clone()).collect();
         assert_eq!(params, [vec![0, 1], vec![2]]);
+    }
+
+    #[test]
+    fn flat_ordered_buckets_are_contiguous_flat_ranges() {
+        let numels = [5, 3, 8, 2, 7, 4];
+        let layout = Layout::flat_ordered(&numels, &config(40, 60));
+        let starts: Vec<usize> = (0..numels.len())
+            .map(|p| numels[..p].iter().sum())
+            .collect();
+        // Same buckets as the initial layout, last layer first.
+        let initial = Layout::initial(&numels, &config(40, 60));
+        for (b, (bucket, guess)) in layout.buckets.iter().zip(&initial.buckets).enumerate() {
+            assert_eq!(bucket.params, guess.params);
+            assert_eq!(bucket.len, guess.len);
+            let base = starts[layout.first_param(b)];
+            for (&p, &offset) in bucket.params.iter().zip(&bucket.offsets) {
+                assert_eq!(base + offset, starts[p], "parameter {p}");
+                assert_eq!(layout.slot[p], (b, offset));
+            }
+        }
     }
 
     #[test]

@@ -27,9 +27,11 @@ use burn_dist_comm::{CommConfig, Communicator, Group, HostBuffer, HostCommunicat
 use crate::bucket::{BucketConfig, Layout};
 use crate::context::{self, Scope, SharedReducer, lock};
 use crate::error::{DistError, Result};
+use crate::flat::FlatLayout;
 use crate::model::{Mark, Overwrite, ParamInfo, Survey, distributed_id, first_difference};
 use crate::random::RandomStream;
 use crate::reducer::{Reducer, ReducerEvent, ReducerStats};
+use crate::sharded::GradientShard;
 
 /// Settings of data-parallel training.
 #[derive(Config, Debug)]
@@ -200,6 +202,11 @@ impl Ddp {
     /// parameters this rank did not use but others did, and excluding parameters no rank used.
     /// Fails, instead of training on unsynchronized gradients, if a collective failed or a
     /// parameter with a gradient was not marked.
+    ///
+    /// Under ZeRO stage 2 ([`Ddp::shard_gradients`]) the reduced gradient exists only as each
+    /// rank's shard, which the sharded optimizer takes with [`Ddp::take_gradient_shard`]; the
+    /// returned container is then empty (Burn's local, unreduced gradients are dropped), so a
+    /// stock Burn optimizer given it changes nothing.
     pub fn backward<B: AutodiffBackend, M: AutodiffModule<B>>(
         &mut self,
         loss: Tensor<B, 1>,
@@ -210,11 +217,15 @@ impl Ddp {
                 "call `Ddp::prepare(model)` before `Ddp::backward`".into(),
             ));
         }
-        let (communicates, backwards_before) = {
+        let (communicates, sharded, backwards_before) = {
             let mut reducer = lock(&self.reducer);
             reducer.caller_collects_errors = true;
             reducer.hook_error = None;
-            (reducer.communicates_next(), reducer.stats().backwards)
+            (
+                reducer.communicates_next(),
+                reducer.is_sharded(),
+                reducer.stats().backwards,
+            )
         };
         let grads = loss.backward();
         let mut reducer = lock(&self.reducer);
@@ -233,7 +244,7 @@ impl Ddp {
             reducer: &reducer,
             params: &self.params,
             grads: &mut grads,
-            communicated: communicates,
+            communicated: communicates && !sharded,
             next: 0,
             error: None,
         };
@@ -241,7 +252,36 @@ impl Ddp {
         if let Some(error) = fix.error {
             return Err(error);
         }
+        if sharded {
+            grads = GradientsParams::new();
+        }
         Ok(communicates.then_some(grads))
+    }
+
+    /// ZeRO stage 2: from now on every bucket is reduced straight to the ranks that own its
+    /// elements in `flat` (the prepared parameters' canonical flat layout over this group), and
+    /// each rank keeps only its shard of the gradient, for [`Ddp::take_gradient_shard`]. The
+    /// bucket layout is frozen to contiguous ranges of `flat`, and with gradient accumulation
+    /// every micro-batch communicates. Called by the sharded optimizer when it is built.
+    pub fn shard_gradients(&self, flat: FlatLayout) -> Result<()> {
+        if self.params.is_empty() {
+            return Err(DistError::Usage(
+                "call `Ddp::prepare(model)` before sharding gradients".into(),
+            ));
+        }
+        lock(&self.reducer).shard_gradients(flat)
+    }
+
+    /// ZeRO stage 2: this rank's shard of the last accumulation window's mean gradient, and
+    /// which parameters any rank used. Once per window.
+    pub fn take_gradient_shard(&self) -> Result<GradientShard> {
+        lock(&self.reducer).take_gradient_shard()
+    }
+
+    /// Gradient elements (f32) the reducer holds right now: its bucket buffers and, under
+    /// ZeRO-2, the gradient shard. Not counted: the gradients inside Burn's own container.
+    pub fn gradient_elements_held(&self) -> usize {
+        lock(&self.reducer).gradient_elements_held()
     }
 
     /// Restarts this rank's random stream at (seed, rank, step 0). Random ops (dropout,

@@ -32,11 +32,13 @@ pub mod bucket;
 mod context;
 mod ddp;
 mod error;
+pub mod flat;
 mod model;
 pub mod random;
 mod reducer;
 pub mod sampler;
 mod scaler;
+mod sharded;
 mod sync;
 #[doc(hidden)]
 pub mod testing;
@@ -46,10 +48,12 @@ pub use bucket::{BucketConfig, Layout};
 pub use context::Scope;
 pub use ddp::{Ddp, DdpConfig};
 pub use error::{DistError, Result};
+pub use flat::{FlatLayout, Piece};
 pub use model::{ParamInfo, Survey};
 pub use reducer::{Reducer, ReducerEvent, ReducerStats};
 pub use sampler::{DistributedSampler, ShardedDataset};
 pub use scaler::{GradScaler, GradScalerConfig, agree_found_inf};
+pub use sharded::GradientShard;
 
 #[doc(hidden)]
 pub use backend::FORWARDED;

@@ -11,6 +11,11 @@
 //! over the window and only the K-th backward communicates; the result is the mean over ranks
 //! and micro-batches (the gradient of one step on the K × world × batch global batch).
 //!
+//! ZeRO-2 ([`Reducer::shard_gradients`]): the layout is frozen to contiguous ranges of the flat
+//! parameter vector, each bucket is reduce-scattered to the owners of its elements, every
+//! micro-batch communicates, and the rank keeps only its shard of the gradient
+//! ([`crate::sharded`]).
+//!
 //! Parameters unused on this rank contribute zeros; a usage bitmap (max all-reduce, issued at
 //! the start of the communicating backward) tells every rank which parameters were used on none,
 //! and those get no gradient anywhere.
@@ -23,7 +28,9 @@ use burn_dist_comm::{Communicator, HostBuffer, HostCommunicator, Pending, Reduce
 
 use crate::bucket::{BucketConfig, Layout, complete_order};
 use crate::error::DistError;
+use crate::flat::FlatLayout;
 use crate::random::RandomStream;
+use crate::sharded::{GradientShard, ShardedGradients};
 
 /// Counters for tests and benches.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -50,7 +57,11 @@ type Observer = Box<dyn FnMut(&mut Reducer, ReducerEvent) + Send>;
 
 /// State of the backward in progress.
 struct Step {
-    communicate: bool,
+    /// Whether the buckets are reduced in this backward (the window's last micro-batch, or
+    /// every micro-batch under ZeRO-2).
+    reduce: bool,
+    /// Whether this backward ends the accumulation window.
+    window_end: bool,
     expected: Vec<bool>,
     arrived: Vec<bool>,
     /// Expected gradients still missing, per bucket.
@@ -81,8 +92,11 @@ pub struct Reducer {
     rebuilt: bool,
     accumulation: usize,
     micro_batch: usize,
-    /// Per bucket: the window's local sum, then (after `finish`) the reduced mean.
+    /// Per bucket: the window's local sum, then (after `finish`) the reduced mean. Under ZeRO-2
+    /// a backward's local gradients only, allocated when needed and handed to the reduction.
     buffers: Vec<Vec<f32>>,
+    /// ZeRO-2's gradient shard, when the optimizer state is sharded.
+    sharded: Option<ShardedGradients>,
     written: Vec<bool>,
     /// Which parameters produced a gradient in the last finished backward.
     arrived_last: Vec<bool>,
@@ -119,6 +133,7 @@ impl Reducer {
             accumulation: accumulation.max(1),
             micro_batch: 0,
             buffers: Vec::new(),
+            sharded: None,
             written: Vec::new(),
             arrived_last: Vec::new(),
             used_in_window: Vec::new(),
@@ -144,9 +159,71 @@ impl Reducer {
             .collect();
         self.set_layout(Layout::initial(&self.numels, &self.config));
         self.rebuilt = false;
+        self.sharded = None;
         self.micro_batch = 0;
         self.step = None;
         self.used_anywhere = None;
+    }
+
+    /// ZeRO-2: from now on keep only this rank's shard of `flat` (the registered parameters'
+    /// canonical flat layout) of the gradient. Freezes the bucket layout to contiguous flat
+    /// ranges; call it after `register` and before the first backward.
+    pub(crate) fn shard_gradients(&mut self, flat: FlatLayout) -> Result<(), DistError> {
+        if flat.numels != self.numels || flat.world != self.comm.world_size() {
+            return Err(DistError::Usage(format!(
+                "the flat layout to shard gradients over ({} parameters, {} ranks) does not \
+                 match the prepared model ({} parameters, {} ranks)",
+                flat.numels.len(),
+                flat.world,
+                self.numels.len(),
+                self.comm.world_size()
+            )));
+        }
+        if self.step.is_some() || self.micro_batch != 0 {
+            return Err(DistError::Usage(
+                "gradient sharding can only start between optimizer steps".into(),
+            ));
+        }
+        let layout = Layout::flat_ordered(&self.numels, &self.config);
+        self.set_layout(layout);
+        self.buffers.iter_mut().for_each(|b| *b = Vec::new());
+        self.sharded = Some(ShardedGradients::new(flat, self.comm.rank(), &self.layout));
+        // Frozen: the owners' ranges are fixed, so the layout is never rebuilt.
+        self.next_layout = None;
+        self.rebuilt = true;
+        Ok(())
+    }
+
+    /// Whether gradients are sharded (ZeRO-2).
+    pub fn is_sharded(&self) -> bool {
+        self.sharded.is_some()
+    }
+
+    /// ZeRO-2: the last finished window's gradient shard. It can be taken once per window.
+    pub(crate) fn take_gradient_shard(&mut self) -> Result<GradientShard, DistError> {
+        let sharded = self.sharded.as_mut().ok_or_else(|| {
+            DistError::Usage("gradients are not sharded (ZeRO stage 2 is not on)".into())
+        })?;
+        let (Some(values), Some(used)) = (sharded.take(), self.used_anywhere.clone()) else {
+            return Err(DistError::Usage(
+                "no reduced gradient shard: run `Ddp::backward` to the end of an accumulation \
+                 window before each optimizer step"
+                    .into(),
+            ));
+        };
+        Ok(GradientShard { values, used })
+    }
+
+    /// Gradient elements the reducer holds now: the bucket buffers and, under ZeRO-2, the
+    /// shard.
+    pub fn gradient_elements_held(&self) -> usize {
+        self.buffers.iter().map(Vec::len).sum::<usize>()
+            + self.sharded.as_ref().map_or(0, ShardedGradients::held)
+    }
+
+    /// ZeRO-2's flat layout, when gradients are sharded.
+    pub fn flat_layout(&self) -> Option<&FlatLayout> {
+        self.sharded.as_ref().map(ShardedGradients::flat)
     }
 
     fn set_layout(&mut self, layout: Layout) {
@@ -201,6 +278,13 @@ impl Reducer {
             self.written.fill(false);
             self.used_in_window.fill(false);
             self.used_anywhere = None;
+            if let Some(sharded) = self.sharded.as_mut() {
+                sharded.begin_window();
+            }
+        }
+        if self.sharded.is_some() {
+            // Each micro-batch's buffers are reduced and handed over: nothing accumulates in them.
+            self.written.fill(false);
         }
         let n = self.numels.len();
         let mut expected = vec![false; n];
@@ -215,15 +299,16 @@ impl Reducer {
             .iter()
             .map(|b| b.params.iter().filter(|&&p| expected[p]).count())
             .collect();
-        let communicate = self.communicates_next();
-        let usage = communicate.then(|| {
+        let window_end = self.communicates_next();
+        let usage = window_end.then(|| {
             let bitmap = self.used_in_window.iter().map(|&u| u8::from(u)).collect();
             self.stats.collectives += 1;
             self.comm.all_reduce(HostBuffer::U8(bitmap), ReduceOp::Max)
         });
         self.stats.backwards += 1;
         self.step = Some(Step {
-            communicate,
+            reduce: window_end || self.sharded.is_some(),
+            window_end,
             expected,
             arrived: vec![false; n],
             remaining,
@@ -253,11 +338,12 @@ impl Reducer {
                 got: values.len(),
             });
         }
-        let step = self.step.as_mut().ok_or(DistError::NoBackward)?;
+        let step = self.step.as_ref().ok_or(DistError::NoBackward)?;
         if step.arrived[p] {
             return Err(DistError::DuplicateGradient { param: p });
         }
         let (b, offset) = self.layout.slot[p];
+        self.ensure_buffer(b);
         let slot = &mut self.buffers[b][offset..offset + values.len()];
         if self.written[p] {
             slot.iter_mut().zip(values).for_each(|(s, v)| *s += v);
@@ -267,6 +353,7 @@ impl Reducer {
         }
         self.used_in_window[p] = true;
         self.stats.bytes_copied += (values.len() * 4) as u64;
+        let step = self.step.as_mut().expect("checked above");
         step.arrived[p] = true;
         step.targets[p] = Some(target);
         step.ready_order.push(p);
@@ -282,16 +369,28 @@ impl Reducer {
         Ok(())
     }
 
+    /// Under ZeRO-2 bucket buffers live only from a backward's first gradient into them to
+    /// their reduction.
+    fn ensure_buffer(&mut self, b: usize) {
+        if self.sharded.is_some() && self.buffers[b].is_empty() {
+            self.buffers[b] = vec![0.0; self.layout.buckets[b].len];
+        }
+    }
+
     /// Launches, in layout order, every bucket whose gradients are all in.
     fn launch_ready(&mut self) {
-        let Some(step) = self.step.as_mut() else {
+        let Some(step) = self.step.as_ref() else {
             return;
         };
-        if !step.communicate {
+        if !step.reduce {
             return;
         }
-        while step.launched < self.layout.buckets.len() && step.remaining[step.launched] == 0 {
+        while let Some(step) = self.step.as_ref()
+            && step.launched < self.layout.buckets.len()
+            && step.remaining[step.launched] == 0
+        {
             let b = step.launched;
+            self.ensure_buffer(b);
             let bucket = &self.layout.buckets[b];
             // Parameters this rank never produced a gradient for in the window contribute zeros.
             for (&p, &offset) in bucket.params.iter().zip(&bucket.offsets) {
@@ -299,8 +398,16 @@ impl Reducer {
                     self.buffers[b][offset..offset + self.numels[p]].fill(0.0);
                 }
             }
-            let buffer = std::mem::take(&mut self.buffers[b]);
-            step.pending[b] = Some(self.comm.all_reduce(HostBuffer::F32(buffer), ReduceOp::Avg));
+            let buffer = HostBuffer::F32(std::mem::take(&mut self.buffers[b]));
+            let pending = match &self.sharded {
+                Some(sharded) => {
+                    self.comm
+                        .reduce_scatter_counts(buffer, ReduceOp::Avg, sharded.counts(b))
+                }
+                None => self.comm.all_reduce(buffer, ReduceOp::Avg),
+            };
+            let step = self.step.as_mut().expect("a step in progress");
+            step.pending[b] = Some(pending);
             self.stats.collectives += 1;
             step.launched += 1;
         }
@@ -315,9 +422,12 @@ impl Reducer {
             return Ok(false);
         }
         if let Some(pending) = step.pending[b].take() {
-            match pending.wait()? {
-                HostBuffer::F32(reduced) => self.buffers[b] = reduced,
-                other => unreachable!("an f32 all-reduce returned {:?}", other.dtype()),
+            let HostBuffer::F32(reduced) = pending.wait()? else {
+                unreachable!("an f32 reduction returns f32")
+            };
+            match self.sharded.as_mut() {
+                Some(sharded) => sharded.add_segment(b, &reduced, self.micro_batch == 0),
+                None => self.buffers[b] = reduced,
             }
         }
         Ok(true)
@@ -337,7 +447,7 @@ impl Reducer {
             return Err(DistError::NoBackward);
         };
         self.arrived_last = step.arrived.clone();
-        if !step.communicate {
+        if !step.reduce {
             self.step = None;
             self.micro_batch += 1;
             return Ok(None);
@@ -354,6 +464,11 @@ impl Reducer {
             self.wait_bucket(b)?;
         }
         let mut step = self.step.take().expect("a step in progress");
+        if !step.window_end {
+            // ZeRO-2 mid-window: this micro-batch is in the shard; nothing to write back.
+            self.micro_batch += 1;
+            return Ok(None);
+        }
         let usage = step
             .usage
             .take()
@@ -366,13 +481,20 @@ impl Reducer {
         if !self.rebuilt {
             self.rebuild_from_rank0(&step.ready_order)?;
         }
+        let targets = match self.sharded.as_mut() {
+            // The optimizer takes the shard; Burn's container keeps no reduced gradient.
+            Some(sharded) => {
+                sharded.end_window(self.accumulation);
+                Vec::new()
+            }
+            None => step
+                .targets
+                .iter()
+                .enumerate()
+                .filter_map(|(p, t)| t.map(|t| (p, t)))
+                .collect(),
+        };
         self.micro_batch = 0;
-        let targets = step
-            .targets
-            .iter()
-            .enumerate()
-            .filter_map(|(p, t)| t.map(|t| (p, t)))
-            .collect();
         Ok(Some(Finished { targets }))
     }
 
@@ -399,7 +521,11 @@ impl Reducer {
 
     /// After a communicating backward: the mean gradient of parameter `p` over ranks and the
     /// window, or `None` when no rank used it.
+    /// Under ZeRO-2 there is no full gradient: always `None`.
     pub fn reduced(&self, p: usize) -> Option<Vec<f32>> {
+        if self.sharded.is_some() {
+            return None;
+        }
         let used = self.used_anywhere.as_ref()?;
         if !used[p] {
             return None;
