@@ -189,25 +189,38 @@ fn after_backward_each_rank_holds_only_its_gradient_shard() {
                 let x =
                     synthetic_rows::<B, 2>(0, 0, [GLOBAL_BATCH, input], rows.clone(), &FlexDevice);
                 let y = synthetic_rows::<B, 2>(1, 0, [GLOBAL_BATCH, output], rows, &FlexDevice);
+                // Burn's own container after a backward: at stage 2 each local gradient was
+                // released as soon as it was in its bucket.
+                let loss = (model.forward(x.clone()) - y.clone()).powi_scalar(2).mean();
+                let in_burn = GradAbsSum::of(&model, loss.backward());
+                let model = ddp.mark(model);
                 let loss = (model.forward(x) - y).powi_scalar(2).mean();
                 let grads = ddp.backward(loss, &model).unwrap().unwrap();
                 let held = ddp.gradient_elements_held();
                 let returned = grads.len();
                 let layout = zero.layout().clone();
                 zero.step(LR, model, grads, &ddp).unwrap();
-                (held, returned, layout.shard_len, layout.total)
+                (held, returned, in_burn, layout.shard_len, layout.total)
             },
         );
-        for (rank, (held, returned, shard_len, total)) in held.into_iter().enumerate() {
+        for (rank, (held, returned, in_burn, shard_len, total)) in held.into_iter().enumerate() {
             if stage == 2 {
                 assert_eq!(held, shard_len, "stage 2, rank {rank}: only its shard");
                 assert_eq!(
                     returned, 0,
                     "stage 2, rank {rank}: no full gradient returned"
                 );
+                assert_eq!(
+                    in_burn, 0.0,
+                    "stage 2, rank {rank}: local gradients released"
+                );
                 assert!(shard_len * WORLD < total + 4 * WORLD);
             } else {
                 assert_eq!(held, total, "stage 1, rank {rank}: every bucket, in full");
+                assert!(
+                    in_burn > 0.0,
+                    "stage 1, rank {rank}: Burn keeps the gradients"
+                );
             }
         }
     }
@@ -303,5 +316,37 @@ fn clipping_equals_clipping_the_concatenated_gradient() {
             1e-6,
             "clipping the concatenated gradient",
         );
+    }
+}
+
+/// The sum of |g| over every gradient in Burn's container.
+struct GradAbsSum {
+    grads: burn::optim::GradientsParams,
+    sum: f64,
+}
+
+impl GradAbsSum {
+    fn of<M: burn::module::AutodiffModule<B>>(
+        model: &M,
+        raw: <B as burn::tensor::backend::AutodiffBackend>::Gradients,
+    ) -> f64 {
+        let mut visitor = GradAbsSum {
+            grads: burn::optim::GradientsParams::from_grads(raw, model),
+            sum: 0.0,
+        };
+        model.visit(&mut visitor);
+        visitor.sum
+    }
+}
+
+impl burn::module::ModuleVisitor<B> for GradAbsSum {
+    fn visit_float<const D: usize>(
+        &mut self,
+        param: &burn::module::Param<burn::tensor::Tensor<B, D>>,
+    ) {
+        if let Some(grad) = self.grads.get::<DistributedBackend<Flex>, D>(param.id) {
+            let values = grad.into_data().convert::<f32>().to_vec::<f32>().unwrap();
+            self.sum += values.iter().map(|g| f64::from(g.abs())).sum::<f64>();
+        }
     }
 }

@@ -9,10 +9,10 @@
 //! there; in a plain `loss.backward()` it panics with the reason, because training on with
 //! unsynchronized gradients would silently diverge the replicas.
 
-use burn::tensor::TensorData;
 use burn::tensor::backend::Backend;
 use burn::tensor::backend::distributed::{DistributedParams, TensorRef};
 use burn::tensor::read_sync;
+use burn::tensor::{Shape, TensorData};
 use burn_backend::TensorMetadata;
 
 use crate::DistributedBackend;
@@ -59,7 +59,13 @@ pub(crate) fn on_gradient_ready<B: Backend>(
         return;
     }
     let result = match values {
-        Ok(Ok(values)) => reducer.gradient(params.param_id, &values, tensor.0 as usize),
+        Ok(Ok(values)) => reducer
+            .gradient(params.param_id, &values, tensor.0 as usize)
+            .map(|()| {
+                if reducer.is_sharded() {
+                    release::<B>(tensor.0 as *mut B::FloatTensorPrimitive);
+                }
+            }),
         Ok(Err(e)) => Err(DistError::Usage(format!(
             "reading a gradient as f32: {e:?}"
         ))),
@@ -70,6 +76,20 @@ pub(crate) fn on_gradient_ready<B: Backend>(
     if let Err(error) = result {
         report(&mut reducer, error);
     }
+}
+
+/// ZeRO-2: the local gradient is in its bucket now and its reduction will live only in the
+/// owners' shards, so Burn's container need not keep it. It is replaced by a zero-stride view
+/// of a single zero (same shape and dtype, one element of memory), so that the full-size local
+/// gradients do not pile up while backward runs, as DeepSpeed frees `param.grad` once it is in a
+/// bucket. Reading it gives zeros: under stage 2 the gradient is taken from the reducer.
+fn release<B: Backend>(target: *mut B::FloatTensorPrimitive) {
+    // SAFETY: as in `on_gradient_ready`; the entry is final and Burn does not read it again.
+    let local = unsafe { &*target };
+    let (shape, dtype, device) = (local.shape(), local.dtype(), B::float_device(local));
+    let one = Shape::from(vec![1; shape.num_dims()]);
+    let zero = B::float_zeros(one, &device, dtype.into());
+    unsafe { *target = B::float_expand(zero, shape) };
 }
 
 /// Called by `submit_sync_collective` at the end of a backward pass that had marked parameters.
