@@ -43,6 +43,9 @@ struct Outcome {
     snapshot: Option<OptimizerShard>,
     /// What `load` returned.
     loaded: Option<TrainingState>,
+    /// The buckets (parameters in each) at the end, and how often they were rebuilt.
+    buckets: Vec<Vec<usize>>,
+    layout_rebuilds: u64,
 }
 
 #[derive(Clone, Copy, Default)]
@@ -113,6 +116,13 @@ fn train(plan: Plan<'_>) -> Vec<Outcome> {
                 scaler: (scaler.scale(), scaler.growth_tracker()),
                 snapshot,
                 loaded,
+                buckets: ddp
+                    .next_layout()
+                    .buckets
+                    .into_iter()
+                    .map(|b| b.params)
+                    .collect(),
+                layout_rebuilds: ddp.stats().layout_rebuilds,
             }
         },
     )
@@ -166,11 +176,23 @@ fn resume_is_bitwise_identical() {
         until: STEPS,
         ..Default::default()
     });
+    let manifest = checkpoint::Manifest::read(&checkpoint::step_dir(root.path(), SAVE_AT)).unwrap();
     for (rank, (a, b)) in resumed.iter().zip(&uninterrupted).enumerate() {
         assert!(a.params == b.params, "rank {rank}: parameters differ");
         assert!(a.shard == b.shard, "rank {rank}: optimizer state differs");
         assert_eq!(a.scaler, b.scaler, "rank {rank}: loss scaler");
         assert_eq!(a.loaded.unwrap().step, SAVE_AT);
+        // The tuned buckets come back from the manifest: no rebuild after the resume.
+        assert_eq!(
+            b.layout_rebuilds, 1,
+            "rank {rank}: the first run tunes its buckets"
+        );
+        assert_eq!(manifest.buckets, b.buckets, "rank {rank}: saved buckets");
+        assert_eq!(a.buckets, b.buckets, "rank {rank}: restored buckets");
+        assert_eq!(
+            a.layout_rebuilds, 0,
+            "rank {rank}: no rebuild after a resume"
+        );
     }
 }
 

@@ -130,7 +130,8 @@ pub fn complete_order(observed: &[usize], params: usize) -> Vec<usize> {
     order
 }
 
-fn is_permutation(order: &[usize], n: usize) -> bool {
+/// Whether `order` lists each of `0..n` exactly once.
+pub(crate) fn is_permutation(order: &[usize], n: usize) -> bool {
     let mut seen = vec![false; n];
     order.len() == n
         && order

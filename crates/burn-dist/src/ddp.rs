@@ -315,6 +315,14 @@ impl Ddp {
         lock(&self.reducer).layout().clone()
     }
 
+    /// Lays the buckets out for `order` (every trainable parameter once, in expected ready
+    /// order, e.g. a checkpoint's), as the first step's observed order would, and skips that
+    /// rebuild. Ignored when `order` is empty or gradients are sharded (ZeRO-2's layout is
+    /// frozen); any other order that is not a permutation of the parameters is an error.
+    pub fn adopt_bucket_order(&self, order: &[usize]) -> Result<()> {
+        lock(&self.reducer).adopt_order(order)
+    }
+
     /// The layout the next accumulation window will use.
     pub fn next_layout(&self) -> Layout {
         lock(&self.reducer).next_layout().clone()

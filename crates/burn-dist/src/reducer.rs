@@ -498,6 +498,24 @@ impl Reducer {
         Ok(Some(Finished { targets }))
     }
 
+    /// See `Ddp::adopt_bucket_order`.
+    pub(crate) fn adopt_order(&mut self, order: &[usize]) -> Result<(), DistError> {
+        if order.is_empty() || self.sharded.is_some() {
+            return Ok(());
+        }
+        if !crate::bucket::is_permutation(order, self.numels.len()) {
+            return Err(DistError::Usage(format!(
+                "a bucket order must list each of the {} trainable parameters once; got {} \
+                 entries",
+                self.numels.len(),
+                order.len()
+            )));
+        }
+        self.next_layout = Some(Layout::build(&self.numels, order, &self.config));
+        self.rebuilt = true;
+        Ok(())
+    }
+
     /// Rank 0's observed ready order, broadcast, becomes everyone's next layout.
     fn rebuild_from_rank0(&mut self, observed: &[usize]) -> Result<(), DistError> {
         let order = complete_order(observed, self.numels.len());

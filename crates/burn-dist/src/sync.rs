@@ -63,7 +63,7 @@ pub(crate) fn on_gradient_ready<B: Backend>(
             .gradient(params.param_id, &values, tensor.0 as usize)
             .map(|()| {
                 if reducer.is_sharded() {
-                    release::<B>(tensor.0 as *mut B::FloatTensorPrimitive);
+                    release::<B>(tensor.0);
                 }
             }),
         Ok(Err(e)) => Err(DistError::Usage(format!(

@@ -31,6 +31,12 @@ pub struct Manifest {
     pub scaler: Option<ScalerState>,
     pub random: RandomState,
     pub layout: LayoutEntry,
+    /// The gradient buckets in use when it was saved: each bucket's parameters (visit-order
+    /// indices) in the order they become ready. Restored on load (at the same parameter count)
+    /// so that a resumed run reduces in the tuned buckets from its first step; ZeRO-2's frozen
+    /// layout is derived from the flat layout and kept as it is.
+    #[serde(default)]
+    pub buckets: Vec<Vec<usize>>,
     /// The trainable parameters, in flat (module visit) order.
     pub params: Vec<ParamEntry>,
     /// Every file of the checkpoint but the manifest.

@@ -221,6 +221,12 @@ pub fn save<B: Backend, M: Module<B>>(
             scaler: state.scaler,
             random: state.random,
             layout: LayoutEntry::of(zero.layout()),
+            buckets: ddp
+                .next_layout()
+                .buckets
+                .into_iter()
+                .map(|b| b.params)
+                .collect(),
             params: ddp.params().iter().map(param_entry).collect(),
             files: entries,
         };
@@ -317,6 +323,10 @@ pub fn load<B: AutodiffBackend, M: AutodiffModule<B>>(
         });
     }
 
+    // Every rank read the same manifest, so every rank fails alike (before anything changes).
+    let order: Vec<usize> = manifest.buckets.iter().flatten().copied().collect();
+    ddp.adopt_bucket_order(&order)
+        .map_err(|e| CheckpointError::corrupt(dir.join(MANIFEST), format!("buckets: {e}")))?;
     zero.import(shard)?;
     ddp.seed(manifest.random.seed);
     ddp.set_step(manifest.random.step);
