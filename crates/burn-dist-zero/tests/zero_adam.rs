@@ -350,3 +350,23 @@ impl burn::module::ModuleVisitor<B> for GradAbsSum {
         }
     }
 }
+
+#[test]
+fn an_unknown_stage_is_refused_by_name() {
+    use burn_dist::testing::{MLP_SIZES, Mlp};
+    let comm = HostCommunicator::local_group(1, &CommConfig::default()).remove(0);
+    let mut ddp = Ddp::for_thread(comm, DdpConfig::new());
+    let model = ddp
+        .prepare(Mlp::<B>::new(&MLP_SIZES, 7, &FlexDevice))
+        .unwrap();
+    let Err(error) = ZeroAdamConfig::new()
+        .with_stage(3)
+        .init::<B, _>(&ddp, &model)
+    else {
+        panic!("stage 3 must be refused");
+    };
+    assert!(
+        error.to_string().contains("ZeRO stage 3 is not supported"),
+        "{error}"
+    );
+}

@@ -1,6 +1,8 @@
 //! A rank killed with SIGKILL inside a checkpoint write (after its shard is written, before any
 //! manifest) leaves the previous checkpoint the newest loadable one, and resuming from it ends
-//! bitwise where an uninterrupted run ends. Real processes through `burn-dist-run`.
+//! bitwise where an uninterrupted run ends. Real processes through `burn-dist-run`. The
+//! uninterrupted run uses ZeRO stage 1 and the crashed and resumed runs stage 2, which must
+//! give bit for bit the same parameters.
 
 mod support;
 
@@ -15,9 +17,10 @@ use support::{launcher, read_f32s, scratch_dir};
 
 const TIMEOUT: Duration = Duration::from_secs(120);
 
-/// `burn-dist-run --nproc-per-node 2 -- synthetic-zero ...` with `env`; calls `on_line` with
-/// every stderr line as it arrives; returns the exit status (bounded by TIMEOUT).
+/// `burn-dist-run --nproc-per-node 2 -- synthetic-zero ...` at ZeRO `stage` with `env`; calls
+/// `on_line` with every stderr line as it arrives; returns the exit status (bounded by TIMEOUT).
 fn train(
+    stage: &str,
     dir: &Path,
     out: &Path,
     env: &[(&str, &str)],
@@ -39,6 +42,8 @@ fn train(
             "6",
             "--checkpoint-every",
             "2",
+            "--zero-stage",
+            stage,
             "--checkpoint-dir",
         ])
         .arg(dir)
@@ -81,12 +86,13 @@ fn train(
 fn sigkill_inside_a_checkpoint_write_leaves_the_previous_checkpoint_loadable() {
     let root = scratch_dir("ckpt-crash");
     let (straight, crashed) = (root.join("straight"), root.join("crashed"));
-    let status = train(&straight, &root.join("straight.bin"), &[], |_| {});
+    let status = train("1", &straight, &root.join("straight.bin"), &[], |_| {});
     assert!(status.success(), "uninterrupted run: {status}");
 
     // Every rank pauses once its shard of step 4 is durable; rank 1 is killed there.
     let mut killed = false;
     let status = train(
+        "2",
         &crashed,
         &root.join("unused.bin"),
         &[(checkpoint::PAUSE_VAR, "after-shard:4")],
@@ -115,7 +121,7 @@ fn sigkill_inside_a_checkpoint_write_leaves_the_previous_checkpoint_loadable() {
     checkpoint::verify(&latest).expect("step 2 verifies");
 
     // Resuming from step 2 ends exactly where the uninterrupted run ended.
-    let status = train(&crashed, &root.join("resumed.bin"), &[], |_| {});
+    let status = train("2", &crashed, &root.join("resumed.bin"), &[], |_| {});
     assert!(status.success(), "resumed run: {status}");
     assert_eq!(
         read_f32s(&root.join("resumed.bin")),

@@ -31,6 +31,9 @@ struct Args {
     /// Save after every this many steps.
     #[arg(long, default_value_t = 2)]
     checkpoint_every: u64,
+    /// ZeRO stage: 1 shards the optimizer state, 2 the gradients too.
+    #[arg(long, default_value_t = 1)]
+    zero_stage: u8,
     /// Rank 0 writes the final parameters here (little-endian f32, tensors in visit order).
     #[arg(long)]
     out: Option<PathBuf>,
@@ -54,6 +57,7 @@ fn run(args: Args) -> Result<(), String> {
         .prepare(Mlp::<B>::new(&MLP_SIZES, 7, &FlexDevice))
         .map_err(|e| fail(&e))?;
     let mut zero = ZeroAdamConfig::new()
+        .with_stage(args.zero_stage)
         .init::<B, _>(&ddp, &model)
         .map_err(|e| fail(&e))?;
     let (mut model, start) = match checkpoint::latest(&args.checkpoint_dir).map_err(|e| fail(&e))? {
