@@ -110,12 +110,25 @@ fn optimizer_state_per_rank_is_one_nth_plus_padding() {
     }
 }
 
-#[test]
-fn zero_adam_without_decoupled_decay_equals_burn_adam() {
-    let zero = ZeroAdamConfig::new()
+/// Burn's `Adam` defaults: no weight decay.
+fn zero_adam() -> ZeroAdamConfig {
+    ZeroAdamConfig::new()
         .with_decoupled_weight_decay(false)
-        .with_weight_decay(0.0);
-    assert_matches(Synthetic::Mlp, zero, &burn_dist::testing::BurnAdam);
+        .with_weight_decay(0.0)
+}
+
+#[test]
+fn zero_adam_without_decoupled_decay_equals_burn_adam_mlp() {
+    assert_matches(Synthetic::Mlp, zero_adam(), &burn_dist::testing::BurnAdam);
+}
+
+#[test]
+fn zero_adam_without_decoupled_decay_equals_burn_adam_transformer() {
+    assert_matches(
+        Synthetic::Transformer,
+        zero_adam(),
+        &burn_dist::testing::BurnAdam,
+    );
 }
 
 #[test]
