@@ -5,6 +5,7 @@
 
 pub mod checkpoint;
 mod config;
+mod device;
 mod error;
 mod zero_adam;
 

@@ -20,9 +20,12 @@ use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Tensor, TensorData};
 use burn_dist::{Ddp, GradScaler, ParamInfo};
 use burn_dist_comm::{Communicator, HostBuffer, HostCommunicator};
-use burn_dist_kernels::{ModelCopy, StepScalars, adam_update, clip_factor, unscale_and_check};
+use burn_dist_kernels::{
+    Hyper, ModelCopy, StepScalars, adam_update, clip_factor, unscale_and_check,
+};
 
 use crate::config::ZeroAdamConfig;
+use crate::device::{DeviceShard, FusedShard};
 use crate::error::{Result, ZeroError};
 use crate::flat::{FlatLayout, Piece};
 
@@ -41,6 +44,9 @@ pub struct ZeroAdam {
     time: Vec<u32>,
     /// Steps skipped because some rank found inf/NaN.
     skipped: u64,
+    /// When set, master, m and v live on this device (the host vectors are empty) and the
+    /// fused kernels update them.
+    device: Option<Box<dyn DeviceShard>>,
 }
 
 /// One rank's optimizer state: its shard of the fp32 master weights and moments, and the
@@ -114,6 +120,7 @@ impl ZeroAdam {
             pieces,
             config,
             skipped: 0,
+            device: None,
         })
     }
 
@@ -122,19 +129,57 @@ impl ZeroAdam {
         &self.layout
     }
 
-    /// Optimizer-state floats this rank holds (master weights, first and second moments).
+    /// Optimizer-state floats this rank holds (master weights, first and second moments), on
+    /// the host or on the device.
     pub fn state_len(&self) -> usize {
-        self.master.len() + self.m.len() + self.v.len()
+        match self.device {
+            Some(_) => 3 * self.layout.shard_len,
+            None => self.master.len() + self.m.len() + self.v.len(),
+        }
+    }
+
+    /// Moves the optimizer state to `client`'s device: from now on each step runs the fused
+    /// kernels of `burn-dist-kernels` there (unscale + inf/NaN check + norm, then the clipped
+    /// Adam(W) update), and only the gradient shard, two statistics and the updated master
+    /// weights cross between host and device. Every parameter must then have a gradient at
+    /// every step (the kernels count steps for the whole shard, Burn per parameter).
+    pub fn on_device<R: cubecl::Runtime>(
+        mut self,
+        client: cubecl::prelude::ComputeClient<R>,
+    ) -> Result<Self> {
+        let steps = self.uniform_step_count()?;
+        let shard = FusedShard::new(client, &self.master, &self.m, &self.v, steps);
+        tracing::info!(device = %shard.name(), "ZeroAdam state moved to the device");
+        self.device = Some(Box::new(shard));
+        (self.master, self.m, self.v) = (Vec::new(), Vec::new(), Vec::new());
+        Ok(self)
+    }
+
+    /// The step count every parameter shares, as the device's single counter needs.
+    fn uniform_step_count(&self) -> Result<u32> {
+        let first = self.time.first().copied().unwrap_or(0);
+        match self.time.iter().position(|&t| t != first) {
+            None => Ok(first),
+            Some(i) => Err(ZeroError::Usage(format!(
+                "the fused device step keeps one step count for all parameters, but {} has taken \
+                 {} steps and {} has taken {first}",
+                self.params[i].name, self.time[i], self.params[0].name
+            ))),
+        }
     }
 
     /// This rank's optimizer state, for checkpoints.
     pub fn export(&self) -> OptimizerShard {
+        let [master, m, v] = match &self.device {
+            Some(device) => device.state(),
+            None => [self.master.clone(), self.m.clone(), self.v.clone()],
+        };
         OptimizerShard {
             rank: self.comm.rank(),
             layout: self.layout.clone(),
-            master: self.master.clone(),
-            m: self.m.clone(),
-            v: self.v.clone(),
+            master,
+            m,
+            v,
             time: self.time.clone(),
             skipped: self.skipped,
         }
@@ -155,10 +200,25 @@ impl ZeroAdam {
                 self.layout.world
             )));
         }
-        self.master = shard.master;
-        self.m = shard.m;
-        self.v = shard.v;
-        self.time = shard.time;
+        let previous = std::mem::replace(&mut self.time, shard.time);
+        if let Some(device) = self.device.as_mut() {
+            let steps = match self.time.first().copied() {
+                Some(first) if self.time.iter().any(|&t| t != first) => {
+                    self.time = previous;
+                    return Err(ZeroError::Usage(
+                        "this optimizer shard counts steps per parameter unevenly; the fused \
+                         device step needs one count for all (load it on the host path)"
+                            .into(),
+                    ));
+                }
+                first => first.unwrap_or(0),
+            };
+            device.load(&shard.master, &shard.m, &shard.v, steps);
+        } else {
+            self.master = shard.master;
+            self.m = shard.m;
+            self.v = shard.v;
+        }
         self.skipped = shard.skipped;
         Ok(())
     }
@@ -228,7 +288,19 @@ impl ZeroAdam {
         };
 
         // 2. Agree on found-inf and the global norm.
-        let (found_inf, sum_sq) = unscale_and_check(&mut grad, inv_scale);
+        let (found_inf, sum_sq) = match self.device.as_mut() {
+            None => unscale_and_check(&mut grad, inv_scale),
+            Some(device) => {
+                if let Some(p) = has_grad.iter().position(|&h| !h) {
+                    return Err(ZeroError::Usage(format!(
+                        "the fused device step needs a gradient for every parameter, and {} has \
+                         none in this step (no rank used it)",
+                        self.params[p].name
+                    )));
+                }
+                device.check(&grad, inv_scale)
+            }
+        };
         let (found_inf, total_sum_sq) = self.agree(found_inf, sum_sq)?;
         let clip = clip_factor(total_sum_sq, self.config.max_grad_norm);
         let report = StepReport {
@@ -247,19 +319,29 @@ impl ZeroAdam {
             for (time, &stepped) in self.time.iter_mut().zip(&has_grad) {
                 *time += u32::from(stepped);
             }
+        }
+        let scalars = |step| StepScalars {
+            lr: lr as f32,
+            beta1: self.config.beta_1,
+            beta2: self.config.beta_2,
+            eps: self.config.epsilon,
+            weight_decay: self.config.weight_decay,
+            decoupled: self.config.decoupled_weight_decay,
+            step,
+        };
+        if let Some(device) = self.device.as_mut() {
+            // The kernels skip the update themselves when found-inf, and count the step.
+            let hyper = Hyper {
+                scalars: scalars(0),
+                max_norm: self.config.max_grad_norm,
+            };
+            device.update(found_inf, total_sum_sq, hyper);
+        } else if !found_inf {
             for (piece, has_grad) in self.pieces.iter().zip(&present) {
                 if !has_grad {
                     continue;
                 }
-                let scalars = StepScalars {
-                    lr: lr as f32,
-                    beta1: self.config.beta_1,
-                    beta2: self.config.beta_2,
-                    eps: self.config.epsilon,
-                    weight_decay: self.config.weight_decay,
-                    decoupled: self.config.decoupled_weight_decay,
-                    step: self.time[piece.param],
-                };
+                let scalars = scalars(self.time[piece.param]);
                 let r = piece.in_shard.clone();
                 adam_update(
                     &mut self.master[r.clone()],
@@ -275,12 +357,13 @@ impl ZeroAdam {
         }
 
         // 4. Everyone gets every updated shard.
+        let master = match &self.device {
+            Some(device) => device.master(),
+            None => self.master.clone(),
+        };
         let full = self
             .comm
-            .all_gather(
-                HostBuffer::F32(self.master.clone()),
-                self.layout.padded_len(),
-            )
+            .all_gather(HostBuffer::F32(master), self.layout.padded_len())
             .wait()?;
         let HostBuffer::F32(full) = full else {
             unreachable!("f32 all-gather")

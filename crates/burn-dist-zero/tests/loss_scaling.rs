@@ -9,6 +9,8 @@ use burn_dist_comm::testing::run_ranks;
 use burn_dist_comm::{CommConfig, HostCommunicator};
 use burn_dist_zero::ZeroAdamConfig;
 use burn_flex::{Flex, FlexDevice};
+use cubecl::Runtime;
+use cubecl::wgpu::{WgpuDevice, WgpuRuntime};
 
 type B = Autodiff<DistributedBackend<Flex>>;
 
@@ -21,10 +23,12 @@ fn loss(model: &Mlp<B>, step: usize, rows: std::ops::Range<usize>) -> Tensor<B, 
     (model.forward(x) - y).powi_scalar(2).mean()
 }
 
-/// Trains 3 ranks for `steps` with ZeRO `stage`. With `scaled`, through a GradScaler; `poison(rank, step)`
+/// Trains 3 ranks for `steps` with ZeRO `stage`, on the host or (`on_device`) with the fused
+/// kernels on the wgpu device. With `scaled`, through a GradScaler; `poison(rank, step)`
 /// makes that rank's loss infinite at that step. Returns (parameters, scale, skipped) per rank.
 fn train(
     stage: u8,
+    on_device: bool,
     steps: &[usize],
     scaled: bool,
     poison: &(dyn Fn(usize, usize) -> bool + Sync),
@@ -40,6 +44,10 @@ fn train(
                 .with_stage(stage)
                 .init::<B, _>(&ddp, &model)
                 .unwrap();
+            if on_device {
+                let client = WgpuRuntime::client(&WgpuDevice::DefaultDevice);
+                zero = zero.on_device(client).unwrap();
+            }
             let mut scaler = GradScalerConfig::new().with_growth_interval(2).init();
             for &step in steps {
                 let mut l = loss(&model, step, shard_rows(GLOBAL_BATCH, rank, 3));
@@ -69,8 +77,8 @@ fn train(
 
 #[test]
 fn power_of_two_loss_scale_changes_nothing() {
-    let plain = train(1, &[0, 1, 2, 3, 4], false, &|_, _| false);
-    let scaled = train(1, &[0, 1, 2, 3, 4], true, &|_, _| false);
+    let plain = train(1, false, &[0, 1, 2, 3, 4], false, &|_, _| false);
+    let scaled = train(1, false, &[0, 1, 2, 3, 4], true, &|_, _| false);
     assert_eq!(
         scaled[0].0, plain[0].0,
         "scaling by 2^k and unscaling is exact"
@@ -84,16 +92,16 @@ fn power_of_two_loss_scale_changes_nothing() {
 
 #[test]
 fn inf_on_one_rank_skips_the_step_on_every_rank_without_advancing_adam() {
-    for stage in [1, 2] {
-        let poisoned = train(stage, &[0, 1, 2, 3, 4], true, &|rank, step| {
+    for (stage, on_device) in [(1, false), (2, false), (2, true)] {
+        let poisoned = train(stage, on_device, &[0, 1, 2, 3, 4], true, &|rank, step| {
             rank == 1 && step == 2
         });
         // The same run without step 2 at all: Adam's step count and moments must match.
-        let without = train(stage, &[0, 1, 3, 4], true, &|_, _| false);
+        let without = train(stage, on_device, &[0, 1, 3, 4], true, &|_, _| false);
         for (rank, (params, scale, skipped)) in poisoned.iter().enumerate() {
             assert_eq!(
                 *skipped, 1,
-                "stage {stage}: rank {rank} must skip exactly one step"
+                "stage {stage} (device: {on_device}): rank {rank} must skip exactly one step"
             );
             assert_eq!(
                 params, &poisoned[0].0,
