@@ -116,12 +116,7 @@ fn train(plan: Plan<'_>) -> Vec<Outcome> {
                 scaler: (scaler.scale(), scaler.growth_tracker()),
                 snapshot,
                 loaded,
-                buckets: ddp
-                    .next_layout()
-                    .buckets
-                    .into_iter()
-                    .map(|b| b.params)
-                    .collect(),
+                buckets: ddp.next_layout().bucket_params(),
                 layout_rebuilds: ddp.stats().layout_rebuilds,
             }
         },

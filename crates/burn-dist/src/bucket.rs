@@ -108,6 +108,11 @@ impl Layout {
         layout
     }
 
+    /// Each bucket's parameters, in ready order (what a checkpoint records).
+    pub fn bucket_params(&self) -> Vec<Vec<usize>> {
+        self.buckets.iter().map(|b| b.params.clone()).collect()
+    }
+
     /// The lowest parameter (visit order) of bucket `b`: its buffer starts where that
     /// parameter starts in a [`Layout::flat_ordered`] layout.
     pub fn first_param(&self, b: usize) -> usize {

@@ -221,12 +221,7 @@ pub fn save<B: Backend, M: Module<B>>(
             scaler: state.scaler,
             random: state.random,
             layout: LayoutEntry::of(zero.layout()),
-            buckets: ddp
-                .next_layout()
-                .buckets
-                .into_iter()
-                .map(|b| b.params)
-                .collect(),
+            buckets: ddp.next_layout().bucket_params(),
             params: ddp.params().iter().map(param_entry).collect(),
             files: entries,
         };
