@@ -28,7 +28,7 @@ use crate::bucket::{BucketConfig, Layout};
 use crate::context::{self, Scope, SharedReducer, lock};
 use crate::error::{DistError, Result};
 use crate::flat::FlatLayout;
-use crate::model::{Mark, Overwrite, ParamInfo, Survey, distributed_id, first_difference};
+use crate::model::{Overwrite, ParamInfo, Survey, distributed_id, first_difference, mark_for_sync};
 use crate::random::RandomStream;
 use crate::reducer::{Reducer, ReducerEvent, ReducerStats};
 use crate::sharded::GradientShard;
@@ -156,7 +156,7 @@ impl Ddp {
     /// optimizers re-mark the parameters they update; with gradient accumulation call it before
     /// the forward pass of every micro-batch, because each backward consumes the marks.
     pub fn mark<B: AutodiffBackend, M: Module<B>>(&self, model: M) -> M {
-        model.map(&mut Mark)
+        mark_for_sync(model)
     }
 
     /// Every rank gathers every rank's fingerprint, so every rank reports the same mismatch.

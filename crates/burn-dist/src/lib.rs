@@ -49,7 +49,7 @@ pub use context::Scope;
 pub use ddp::{Ddp, DdpConfig};
 pub use error::{DistError, Result};
 pub use flat::{FlatLayout, Piece};
-pub use model::{ParamInfo, Survey};
+pub use model::{ParamInfo, Survey, mark_for_sync};
 pub use reducer::{Reducer, ReducerEvent, ReducerStats};
 pub use sampler::{DistributedSampler, ShardedDataset};
 pub use scaler::{GradScaler, GradScalerConfig, agree_found_inf};

@@ -156,6 +156,15 @@ impl<B: Backend> ModuleMapper<B> for Overwrite<'_> {
 /// distributed id (what Burn's optimizers use when they re-mark after a step).
 pub(crate) struct Mark;
 
+/// `model` with every trainable float parameter marked for gradient sync, keyed by its
+/// `ParamId` as `Ddp::prepare` registered it (the key Burn's optimizers keep when they re-mark).
+/// Values are unchanged; without a `Ddp` in the process the hooks do nothing. `Ddp::mark` does
+/// the same; this form needs no `Ddp`, for code that cannot reach one, such as a burn-train
+/// `TrainStep` (the Learner's fork drops the marks: see the guide).
+pub fn mark_for_sync<B: AutodiffBackend, M: Module<B>>(model: M) -> M {
+    model.map(&mut Mark)
+}
+
 impl<B: AutodiffBackend> ModuleMapper<B> for Mark {
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
         let (id, tensor, mapper) = param.consume();
