@@ -1,0 +1,152 @@
+//! Two real processes through `burn-dist-run`, each training with burn-train's plain
+//! single-device `Learner` on its shard of the data, end with the parameters of the one-process
+//! custom loop on the concatenated batch; only rank 0 writes metrics, logs and checkpoints.
+
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use burn::backend::Autodiff;
+use burn_dist::DistributedBackend;
+use burn_dist_models::assert_close;
+use burn_dist_models::step::read_params;
+use burn_flex::{Flex, FlexDevice};
+use learner_ddp::Run;
+use learner_ddp::reference::custom_loop;
+
+type B = Autodiff<DistributedBackend<Flex>>;
+
+const WORLD: usize = 2;
+/// The whole launched run, debug build on 2 cores, takes a few seconds.
+const TIMEOUT: Duration = Duration::from_secs(120);
+
+fn run() -> Run {
+    Run {
+        samples: 64,
+        valid_samples: 16,
+        epochs: 2,
+        batch: 4,
+        lr: 1e-2,
+    }
+}
+
+/// `burn-dist-run`, built next to this test's binary (`cargo build -p burn-dist-run` or
+/// `cargo xtask integration`; `cargo test -p learner-ddp` alone does not build it).
+fn launcher() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    let dir = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("target dir");
+    let launcher = dir.join("burn-dist-run");
+    assert!(
+        launcher.exists(),
+        "{} is missing: build it first (`cargo build -p burn-dist-run`)",
+        launcher.display()
+    );
+    launcher
+}
+
+/// A fresh, empty directory for this test.
+fn scratch_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("learner-ddp-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Runs `learner-ddp` on `WORLD` ranks; returns its exit status and its output (both streams,
+/// every line prefixed by the launcher with its rank). Killed after TIMEOUT: the launcher's
+/// ranks die with it.
+fn launch(artifacts: &Path, out: &Path) -> (ExitStatus, String) {
+    let run = run();
+    let mut child = Command::new(launcher())
+        .args(["--nproc-per-node", &WORLD.to_string(), "--master-port", "0"])
+        .args(["--stop-grace-secs", "2", "--"])
+        .arg(env!("CARGO_BIN_EXE_learner-ddp"))
+        .arg("--artifact-dir")
+        .arg(artifacts)
+        .args(["--epochs", &run.epochs.to_string()])
+        .args(["--batch-size", &run.batch.to_string()])
+        .args(["--samples", &run.samples.to_string()])
+        .args(["--valid-samples", &run.valid_samples.to_string()])
+        .args(["--lr", &run.lr.to_string()])
+        .arg("--out")
+        .arg(out)
+        .env("BURN_DIST_TIMEOUT_SECS", "60")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting burn-dist-run");
+    let (lines, seen) = mpsc::channel();
+    let forward = |stream: Box<dyn Read + Send>, lines: mpsc::Sender<String>| {
+        std::thread::spawn(move || {
+            for line in BufReader::new(stream).lines().map_while(Result::ok) {
+                if lines.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+    };
+    forward(Box::new(child.stdout.take().unwrap()), lines.clone());
+    forward(Box::new(child.stderr.take().unwrap()), lines);
+    let deadline = Instant::now() + TIMEOUT;
+    let mut transcript = Vec::new();
+    loop {
+        match seen.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok(line) => transcript.push(line),
+            // Both streams are closed: the launcher has exited (or is about to).
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                let _ = child.kill();
+                panic!("not done within {TIMEOUT:?}:\n{}", transcript.join("\n"));
+            }
+        }
+    }
+    let status = child.wait().expect("waiting for burn-dist-run");
+    (status, transcript.join("\n"))
+}
+
+#[test]
+fn two_learner_processes_equal_the_custom_loop_and_only_rank_0_writes_artifacts() {
+    let root = scratch_dir("launched");
+    let (artifacts, out) = (root.join("artifacts"), root.join("params.bin"));
+    let (status, transcript) = launch(&artifacts, &out);
+    assert!(
+        status.success(),
+        "learner-ddp failed: {status}\n{transcript}"
+    );
+
+    let got = read_params(&out).unwrap_or_else(|e| panic!("{}: {e}", out.display()));
+    let run = run();
+    let reference = custom_loop::<B>(&run, WORLD * run.batch, &FlexDevice);
+    assert_close(
+        &got,
+        &reference,
+        1e-5,
+        "Learner on 2 processes vs custom loop",
+    );
+
+    // Rank 0 wrote what burn-train writes for one process...
+    for file in [
+        "experiment.log",
+        "train/epoch-2/Loss.log",
+        "valid/epoch-2/Loss.log",
+        "checkpoint/model-2.mpk",
+        "checkpoint/optim-2.mpk",
+    ] {
+        assert!(
+            artifacts.join(file).is_file(),
+            "rank 0 did not write {file}"
+        );
+    }
+    // ...and rank 1, whose Learner was given `<artifact-dir>/rank-1`, wrote nothing there.
+    assert!(
+        !artifacts.join("rank-1").exists(),
+        "rank 1 wrote into {}",
+        artifacts.join("rank-1").display()
+    );
+    std::fs::remove_dir_all(&root).ok();
+}
