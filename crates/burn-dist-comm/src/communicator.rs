@@ -59,7 +59,7 @@ pub struct Pending<T> {
 }
 
 impl<T> Pending<T> {
-    fn new(rank: usize) -> (Sender<Result<T>>, Self) {
+    pub(crate) fn new(rank: usize) -> (Sender<Result<T>>, Self) {
         let (tx, rx) = mpsc::channel();
         (
             tx,
@@ -72,7 +72,7 @@ impl<T> Pending<T> {
     }
 
     /// A handle that has already failed.
-    fn failed(rank: usize, error: CommError) -> Self {
+    pub(crate) fn failed(rank: usize, error: CommError) -> Self {
         let (_, rx) = mpsc::channel();
         Pending {
             rank,
@@ -329,7 +329,7 @@ impl Worker {
     }
 }
 
-fn check_counts(op: &OpDesc, counts: &[usize], len: usize, world: usize) -> Result<()> {
+pub(crate) fn check_counts(op: &OpDesc, counts: &[usize], len: usize, world: usize) -> Result<()> {
     let total: usize = counts.iter().sum();
     if counts.len() != world || total != len {
         let reason = format!(
@@ -341,7 +341,7 @@ fn check_counts(op: &OpDesc, counts: &[usize], len: usize, world: usize) -> Resu
     Ok(())
 }
 
-fn check_reduce(op: &OpDesc, reduce: ReduceOp) -> Result<()> {
+pub(crate) fn check_reduce(op: &OpDesc, reduce: ReduceOp) -> Result<()> {
     if op.dtype == Some(DType::U8) && reduce != ReduceOp::Max {
         let reason = format!("{reduce} is not defined on raw bytes (u8); use max, or a float type");
         return Err(CommError::invalid(op.to_string(), reason));

@@ -8,6 +8,8 @@
 //!   how buffers are split into messages.
 //! - [`init`] and [`Group`]: rendezvous from `RANK`/`WORLD_SIZE`/`MASTER_ADDR`/`MASTER_PORT`
 //!   (or Slurm's variables) through a TCP store hosted by rank 0.
+//! - `NcclCommunicator` (feature `cuda`): the same collectives on GPU buffers through NCCL,
+//!   which is loaded at run time (see `docs/gpu.md`).
 //!
 //! Every blocking wait is bounded by [`CommConfig::timeout`]; when a peer dies, every rank's
 //! error names it.
@@ -19,6 +21,9 @@ mod config;
 pub mod env;
 mod error;
 mod init;
+// The NCCL communicator (feature `cuda`); its call plans are also unit-tested without it.
+#[cfg(any(test, feature = "cuda"))]
+mod nccl;
 mod op;
 mod reduce;
 pub mod store;
@@ -32,5 +37,7 @@ pub use config::{CommConfig, DEFAULT_TIMEOUT};
 pub use env::RankInfo;
 pub use error::{CommError, Result};
 pub use init::{Group, connect, init};
+#[cfg(feature = "cuda")]
+pub use nccl::{DeviceBuffer, NcclCommunicator};
 pub use op::{OpDesc, OpKind, human_bytes};
 pub use reduce::chunk_range;
