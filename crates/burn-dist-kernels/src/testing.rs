@@ -1,5 +1,22 @@
-//! Test scaffolding shared by the unit tests, the integration tests and the benches: a small
-//! seeded generator of random, nonzero inputs.
+//! Test scaffolding shared by the unit tests, the integration tests, the benches and the GPU
+//! check: a small seeded generator of random, nonzero inputs, and the kernel checks themselves,
+//! generic over the cubecl runtime, so that `tests/kernels_on_wgpu.rs` (wgpu/lavapipe) and
+//! `burn-dist-gpu-check kernels` (CUDA) run the same functions.
+//!
+//! Each `check_*` function panics with a message naming the case when the kernels disagree
+//! with the reference, as a test does.
+//!
+//! Inputs are random and never zero; outputs that are pure outputs (the model copy, the partial
+//! sums, `stats`, `factors`) start poisoned with NaN bits, so an unwritten element fails the
+//! comparison.
+
+use cubecl::Runtime;
+use half::{bf16, f16};
+
+use crate::{
+    FusedAdam, Hyper, ModelCopy, ModelDtype, StepScalars, adam_update, adam_update_f64,
+    clip_factor, relative_error, unscale_and_check,
+};
 
 /// SplitMix64: small, seedable, good enough for test inputs.
 #[derive(Debug, Clone)]
@@ -61,5 +78,302 @@ impl Rng {
     /// `n` positive values (second moments), log-uniform in `[lo, hi)`.
     pub fn positive_vec(&mut self, n: usize, lo: f32, hi: f32) -> Vec<f32> {
         (0..n).map(|_| self.nonzero(lo, hi).abs()).collect()
+    }
+}
+
+/// Random step scalars around the usual values (lr ≈ 1e-3, weight decay 0.01 to 0.11).
+pub fn random_scalars(decoupled: bool, rng: &mut Rng) -> StepScalars {
+    StepScalars {
+        lr: 1e-3 * (1.0 + rng.unit() as f32),
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        weight_decay: 0.01 + 0.1 * rng.unit() as f32,
+        decoupled,
+        step: 0,
+    }
+}
+
+/// Random nonzero state `(master, m, v)` shaped like real moments: `|m| < sqrt(v)`
+/// (Cauchy–Schwarz on the moving averages), so that the update stays around `lr` as in
+/// training.
+pub fn random_state(rng: &mut Rng, len: usize) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let master = rng.nonzero_vec(len, 1e-2, 2.0);
+    let v = rng.positive_vec(len, 1e-8, 1e-2);
+    let m = v
+        .iter()
+        .map(|v| v.sqrt() * rng.nonzero(1e-2, 1.0))
+        .collect();
+    (master, m, v)
+}
+
+fn to64(x: &[f32]) -> Vec<f64> {
+    x.iter().map(|&x| x as f64).collect()
+}
+
+fn f32_from_bytes(bytes: &[u8]) -> Vec<f32> {
+    bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+fn u16_from_bytes(bytes: &[u8]) -> impl Iterator<Item = u16> + '_ {
+    bytes
+        .chunks_exact(2)
+        .map(|c| u16::from_le_bytes([c[0], c[1]]))
+}
+
+/// One case: random state at a random step, one fused step on the device, compared with the
+/// f32 reference and the f64 evaluation; the model copy of `dtype` must be the master rounded
+/// to nearest even, every element written.
+pub fn check_step<R: Runtime>(
+    fused: &FusedAdam<R>,
+    rng: &mut Rng,
+    len: usize,
+    decoupled: bool,
+    clip: bool,
+    dtype: ModelDtype,
+) {
+    let (master, m, v) = random_state(rng, len);
+    let scaled = rng.nonzero_vec(len, 1e-2, 1e3);
+    let inv_scale = 1.0 / 1024.0;
+    let steps_taken = rng.below(50) as u32;
+    let s = StepScalars {
+        step: steps_taken + 1,
+        ..random_scalars(decoupled, rng)
+    };
+
+    // Pass 1 on the host first, to pick a max norm that clips.
+    let mut grads = scaled.clone();
+    let (found_inf, sum_sq) = unscale_and_check(&mut grads, inv_scale);
+    let max_norm = clip.then(|| (0.5 * sum_sq.sqrt()) as f32);
+
+    let b = fused.upload(&master, &m, &v, steps_taken, &scaled, inv_scale, dtype);
+    fused.step(
+        &b,
+        Hyper {
+            scalars: s,
+            max_norm,
+        },
+    );
+
+    // Pass 1: the unscale is one multiply, bitwise; the sum of squares within 1e-6 of f64.
+    assert!(!found_inf);
+    assert_eq!(fused.read_f32(&b.grads), grads, "unscaled gradient");
+    let stats = fused.read_f32(&b.stats);
+    assert_eq!(stats[1], 0.0, "found_inf");
+    let sum_err = (stats[0] as f64 - sum_sq).abs() / sum_sq;
+    assert!(
+        sum_err <= 1e-6,
+        "sum of squares: relative error {sum_err:e}"
+    );
+    assert_eq!(fused.read_u32(&b.step), [steps_taken + 1], "step counter");
+
+    // Pass 2 against the f64 evaluation of the same update.
+    let clip = clip_factor(sum_sq, max_norm);
+    if max_norm.is_some() {
+        assert!(clip < 1.0, "the case is meant to clip");
+    }
+    let (mut p64, mut m64, mut v64) = (to64(&master), to64(&m), to64(&v));
+    let clip64 = max_norm.map_or(1.0, |n| (n as f64 / (sum_sq.sqrt() + 1e-6)).min(1.0));
+    adam_update_f64(
+        &mut p64,
+        &mut m64,
+        &mut v64,
+        &to64(&grads),
+        clip64,
+        false,
+        &s,
+    );
+    let (kp, km, kv) = (
+        fused.read_f32(&b.master),
+        fused.read_f32(&b.m),
+        fused.read_f32(&b.v),
+    );
+    for (name, k, r) in [("master", &kp, &p64), ("m", &km, &m64), ("v", &kv, &v64)] {
+        let err = relative_error(k, r);
+        assert!(
+            err <= 1e-6,
+            "{name}: ‖kernel−ref64‖/‖ref64‖ = {err:e} (len {len})"
+        );
+    }
+    // And against the f32 reference (same formulas and order; the clip factor is computed in
+    // f32 on the device and in f64 on the host, so not bitwise).
+    let (mut rp, mut rm, mut rv) = (master.clone(), m.clone(), v.clone());
+    adam_update(
+        &mut rp,
+        &mut rm,
+        &mut rv,
+        &grads,
+        clip,
+        false,
+        &s,
+        ModelCopy::None,
+    );
+    let err32 = relative_error(&kp, &to64(&rp));
+    assert!(err32 <= 1e-6, "master vs f32 reference: {err32:e}");
+
+    // The model copy: every element written, and equal to the master rounded to nearest even.
+    let bytes = fused.read_bytes(&b.model);
+    match dtype {
+        ModelDtype::None => {}
+        ModelDtype::F32 => assert_eq!(f32_from_bytes(&bytes), kp, "f32 model copy"),
+        ModelDtype::F16 => {
+            let want = kp.iter().map(|&x| f16::from_f32(x).to_bits());
+            let bad = u16_from_bytes(&bytes)
+                .zip(want)
+                .filter(|(a, b)| a != b)
+                .count();
+            assert_eq!(
+                bad, 0,
+                "f16 copy: {bad} of {len} elements differ from RNE(master)"
+            );
+        }
+        ModelDtype::Bf16 => {
+            let want = kp.iter().map(|&x| bf16::from_f32(x).to_bits());
+            let bad = u16_from_bytes(&bytes)
+                .zip(want)
+                .filter(|(a, b)| a != b)
+                .count();
+            assert_eq!(
+                bad, 0,
+                "bf16 copy: {bad} of {len} elements differ from RNE(master)"
+            );
+        }
+    }
+}
+
+/// The fused step equals the f64 reference on vectorized, odd, one-cube and many-cube
+/// lengths, with and without clipping, AdamW and Adam + L2, and without a model copy.
+pub fn check_fused_step_equals_f64_reference<R: Runtime>(fused: &FusedAdam<R>, rng: &mut Rng) {
+    // Lengths: vectorized (multiple of 4), odd (scalar path), one partial cube, many cubes.
+    let lens = [4 * 256 * 37, 12_345, 3, 1 << 18];
+    for (i, &len) in lens.iter().enumerate() {
+        for decoupled in [true, false] {
+            check_step(fused, rng, len, decoupled, i % 2 == 0, ModelDtype::F32);
+        }
+    }
+    check_step(fused, rng, 4096, true, false, ModelDtype::None);
+}
+
+/// The f16 and bf16 model copies are the master rounded to nearest even. Returns the dtypes
+/// the runtime does not support, which were skipped (WGSL has no bf16, and f16 only with
+/// `shader-f16`).
+pub fn check_half_precision_copies<R: Runtime>(
+    fused: &FusedAdam<R>,
+    rng: &mut Rng,
+) -> Vec<ModelDtype> {
+    let mut skipped = Vec::new();
+    if fused.supports(ModelDtype::F16) {
+        for decoupled in [true, false] {
+            check_step(fused, rng, 4 * 1000, decoupled, true, ModelDtype::F16);
+        }
+    } else {
+        skipped.push(ModelDtype::F16);
+    }
+    if fused.supports(ModelDtype::Bf16) {
+        for decoupled in [true, false] {
+            check_step(
+                fused,
+                rng,
+                4 * 1000 + 3,
+                decoupled,
+                !decoupled,
+                ModelDtype::Bf16,
+            );
+        }
+    } else {
+        skipped.push(ModelDtype::Bf16);
+    }
+    skipped
+}
+
+/// An inf, -inf, NaN, or a finite value that overflows when unscaled is detected, and the
+/// step is skipped: no state changes, the step counter does not advance, no model copy.
+pub fn check_inf_and_nan_skip_the_step<R: Runtime>(fused: &FusedAdam<R>, rng: &mut Rng) {
+    for (case, bad) in [f32::INFINITY, f32::NEG_INFINITY, f32::NAN, f32::MAX]
+        .into_iter()
+        .enumerate()
+    {
+        let len = [4 * 300, 777, 1 << 16, 8][case];
+        let (master, m, v) = random_state(rng, len);
+        let mut scaled = rng.nonzero_vec(len, 1e-2, 1e3);
+        let pos = rng.below(len);
+        scaled[pos] = bad;
+        // f32::MAX is finite but overflows when unscaled by 2 (inv_scale > 1 after a backoff).
+        let inv_scale = if bad == f32::MAX { 2.0 } else { 1.0 / 512.0 };
+        let b = fused.upload(&master, &m, &v, 7, &scaled, inv_scale, ModelDtype::F32);
+        let s = StepScalars {
+            step: 8,
+            ..random_scalars(true, rng)
+        };
+        fused.step(
+            &b,
+            Hyper {
+                scalars: s,
+                max_norm: Some(1.0),
+            },
+        );
+
+        let mut grads = scaled.clone();
+        assert!(unscale_and_check(&mut grads, inv_scale).0);
+        assert_eq!(
+            fused.read_f32(&b.stats)[1],
+            1.0,
+            "{bad} at {pos} of {len} not detected"
+        );
+        assert_eq!(
+            fused.read_u32(&b.step),
+            [7],
+            "a skipped step does not count"
+        );
+        assert_eq!(
+            fused.read_f32(&b.master),
+            master,
+            "master changed on a skipped step"
+        );
+        assert_eq!(fused.read_f32(&b.m), m, "m changed on a skipped step");
+        assert_eq!(fused.read_f32(&b.v), v, "v changed on a skipped step");
+        let model = fused.read_bytes(&b.model);
+        assert!(
+            model.iter().all(|&x| x == 0xff),
+            "the model copy was written on a skipped step"
+        );
+    }
+}
+
+/// Four consecutive steps count on the device and follow the f32 reference.
+pub fn check_consecutive_steps<R: Runtime>(fused: &FusedAdam<R>, rng: &mut Rng) {
+    let len = 4 * 513;
+    let master = rng.nonzero_vec(len, 1e-3, 2.0);
+    let zeros = vec![0.0f32; len];
+    let mut b = fused.upload(&master, &zeros, &zeros, 0, &zeros, 1.0, ModelDtype::F32);
+    let (mut rp, mut rm, mut rv) = (master.clone(), zeros.clone(), zeros.clone());
+    let base = random_scalars(true, rng);
+    for step in 1..=4u32 {
+        let grads = rng.nonzero_vec(len, 1e-3, 1.0);
+        fused.write_grads(&mut b, &grads);
+        fused.step(
+            &b,
+            Hyper {
+                scalars: base,
+                max_norm: None,
+            },
+        );
+        let s = StepScalars { step, ..base };
+        adam_update(
+            &mut rp,
+            &mut rm,
+            &mut rv,
+            &grads,
+            1.0,
+            false,
+            &s,
+            ModelCopy::None,
+        );
+        assert_eq!(fused.read_u32(&b.step), [step]);
+        let err = relative_error(&fused.read_f32(&b.master), &to64(&rp));
+        assert!(err <= 1e-6, "step {step}: master vs f32 reference {err:e}");
     }
 }

@@ -1,0 +1,122 @@
+//! The GPU device check of burn-dist, one binary carried to the GPU machine (see docs/gpu.md).
+//!
+//! ```text
+//! burn-dist-gpu-check <check> [--out FILE] [--device N] [--elements N]
+//!   nccl-w1     NcclCommunicator at world size 1 through a loopback TCP store: every
+//!               collective x dtype (f32, f16, bf16, u8) against the host reference
+//!   kernels     burn-dist-kernels' kernel checks on cubecl's CUDA runtime, bf16 included
+//!   fused-step  the fused ZeroAdam step at --elements (default 2^30) f32 parameters, timed,
+//!               next to a device copy and Burn's stock AdamW on burn-cuda
+//! ```
+//!
+//! Every result is one JSON line appended to `--out` (default `gpu-check.jsonl`) as soon as it
+//! is known, so a check killed by its timeout still leaves what it finished. The exit code is
+//! 0 when every line passed, 1 when one failed, 2 on bad usage.
+//!
+//! Built with the `cuda` feature (`cargo xtask gpu-check`); without it the binary only says so.
+
+use std::process::ExitCode;
+
+mod report;
+
+#[cfg(feature = "cuda")]
+mod fused_step;
+#[cfg(feature = "cuda")]
+mod kernels;
+#[cfg(feature = "cuda")]
+mod libraries;
+#[cfg(feature = "cuda")]
+mod nccl_w1;
+
+const USAGE: &str = "\
+usage: burn-dist-gpu-check <nccl-w1 | kernels | fused-step> [--out FILE] [--device N] [--elements N]
+
+  nccl-w1     NCCL communicator at world size 1 (loopback store), every collective x dtype
+  kernels     the fused-kernel checks on the CUDA runtime, bf16 included
+  fused-step  timing of the fused step at --elements f32 (default 1073741824) vs copy and
+              Burn's AdamW
+
+Results: one JSON line per result, appended to --out (default gpu-check.jsonl).";
+
+/// Command-line options shared by the checks.
+#[derive(Debug, Clone)]
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub struct Options {
+    pub out: std::path::PathBuf,
+    pub device: usize,
+    pub elements: usize,
+}
+
+fn parse(args: &[String]) -> Result<(String, Options), String> {
+    let check = args.first().cloned().ok_or("no check named")?;
+    let mut options = Options {
+        out: "gpu-check.jsonl".into(),
+        device: 0,
+        elements: 1 << 30,
+    };
+    let mut rest = args[1..].iter();
+    while let Some(flag) = rest.next() {
+        let value = rest.next().ok_or_else(|| format!("{flag} needs a value"))?;
+        let number = || {
+            value
+                .parse::<usize>()
+                .map_err(|e| format!("{flag} {value:?}: {e}"))
+        };
+        match flag.as_str() {
+            "--out" => options.out = value.into(),
+            "--device" => options.device = number()?,
+            "--elements" => options.elements = number()?,
+            other => return Err(format!("unknown option {other:?}")),
+        }
+    }
+    Ok((check, options))
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let (check, options) = match parse(&args) {
+        Ok(parsed) => parsed,
+        Err(problem) => {
+            eprintln!("burn-dist-gpu-check: {problem}\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    run(&check, &options)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn run(check: &str, _options: &Options) -> ExitCode {
+    eprintln!(
+        "burn-dist-gpu-check {check}: this binary was built without the `cuda` feature; build \
+         the device check with `cargo xtask gpu-check` (see docs/gpu.md)"
+    );
+    ExitCode::from(2)
+}
+
+#[cfg(feature = "cuda")]
+fn run(check: &str, options: &Options) -> ExitCode {
+    let mut report = match report::Report::open(&options.out) {
+        Ok(report) => report,
+        Err(e) => {
+            eprintln!(
+                "burn-dist-gpu-check: cannot open {}: {e}",
+                options.out.display()
+            );
+            return ExitCode::from(2);
+        }
+    };
+    match check {
+        "nccl-w1" => nccl_w1::run(&mut report, options),
+        "kernels" => kernels::run(&mut report, options),
+        "fused-step" => fused_step::run(&mut report, options),
+        other => {
+            eprintln!("burn-dist-gpu-check: unknown check {other:?}\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    }
+    if report.failures() == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
