@@ -39,6 +39,19 @@ pub fn replace_values<B: Backend, const D: usize>(
     }
 }
 
+/// Casts every float parameter of a model to a dtype, keeping it trainable: how mixed-precision
+/// runs make f16/bf16 parameters (ZeroAdam keeps the f32 master copy).
+pub struct Cast(pub burn::tensor::FloatDType);
+
+impl<B: burn::tensor::backend::AutodiffBackend> burn::module::ModuleMapper<B> for Cast {
+    fn map_float<const D: usize>(
+        &mut self,
+        param: burn::module::Param<Tensor<B, D>>,
+    ) -> burn::module::Param<Tensor<B, D>> {
+        param.map(|t| Tensor::from_inner(t.inner().cast(self.0)).require_grad())
+    }
+}
+
 /// Overwrites every float parameter with seeded values scaled by 1/√(fan-in), so that models
 /// built independently (on every rank, in the reference) start identical whatever the backend's
 /// own RNG did.
@@ -173,6 +186,7 @@ pub fn shard_rows(global_batch: usize, rank: usize, world: usize) -> std::ops::R
     rank * per..(rank + 1) * per
 }
 
+pub mod processes;
 pub mod step;
 
 /// Asserts ‖a − b‖ / ‖b‖ ≤ `tolerance` for every tensor of `got` against `reference`, naming

@@ -2,9 +2,9 @@
 //! and bf16 parameters without scaling, train to within 2 % of the f32 run's final loss.
 
 use burn::backend::Autodiff;
-use burn::module::{Module, ModuleMapper, Param};
-use burn::tensor::{FloatDType, Tensor};
-use burn_dist::testing::{MLP_SIZES, Mlp, shard_rows, synthetic_rows};
+use burn::module::Module;
+use burn::tensor::FloatDType;
+use burn_dist::testing::{Cast, MLP_SIZES, Mlp, shard_rows, synthetic_rows};
 use burn_dist::{Ddp, DdpConfig, DistributedBackend, GradScalerConfig};
 use burn_dist_comm::testing::run_ranks;
 use burn_dist_comm::{CommConfig, HostCommunicator};
@@ -15,15 +15,6 @@ type B = Autodiff<DistributedBackend<Flex>>;
 
 const GLOBAL_BATCH: usize = 12;
 const STEPS: usize = 25;
-
-/// Casts every float parameter to `dtype`, keeping it trainable.
-struct Cast(FloatDType);
-
-impl ModuleMapper<B> for Cast {
-    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
-        param.map(|t| Tensor::from_inner(t.inner().cast(self.0)).require_grad())
-    }
-}
 
 /// First and final loss (in f32, averaged over 2 ranks) of memorizing one fixed batch with
 /// parameters in `dtype`.

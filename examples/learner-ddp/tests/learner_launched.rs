@@ -2,15 +2,14 @@
 //! single-device `Learner` on its shard of the data, end with the parameters of the one-process
 //! custom loop on the concatenated batch; only rank 0 writes metrics, logs and checkpoints.
 
-use std::io::{BufRead, BufReader, Read};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, ExitStatus, Stdio};
-use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use burn::backend::Autodiff;
 use burn_dist::DistributedBackend;
 use burn_dist_models::assert_close;
+use burn_dist_models::processes::{launcher, scratch_dir, watch};
 use burn_dist_models::step::read_params;
 use burn_flex::{Flex, FlexDevice};
 use learner_ddp::Run;
@@ -32,34 +31,9 @@ fn run() -> Run {
     }
 }
 
-/// `burn-dist-run`, built next to this test's binary (`cargo build -p burn-dist-run` or
-/// `cargo xtask integration`; `cargo test -p learner-ddp` alone does not build it).
-fn launcher() -> PathBuf {
-    let exe = std::env::current_exe().expect("test executable path");
-    let dir = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("target dir");
-    let launcher = dir.join("burn-dist-run");
-    assert!(
-        launcher.exists(),
-        "{} is missing: build it first (`cargo build -p burn-dist-run`)",
-        launcher.display()
-    );
-    launcher
-}
-
-/// A fresh, empty directory for this test.
-fn scratch_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("learner-ddp-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
 /// Runs `learner-ddp` on `WORLD` ranks; returns its exit status and its output (both streams,
-/// every line prefixed by the launcher with its rank). Killed after TIMEOUT: the launcher's
-/// ranks die with it.
+/// every line prefixed by the launcher with its rank). Killed after TIMEOUT without output: the
+/// launcher's ranks die with it.
 fn launch(artifacts: &Path, out: &Path) -> (ExitStatus, String) {
     let run = run();
     let mut child = Command::new(launcher())
@@ -80,32 +54,7 @@ fn launch(artifacts: &Path, out: &Path) -> (ExitStatus, String) {
         .stderr(Stdio::piped())
         .spawn()
         .expect("starting burn-dist-run");
-    let (lines, seen) = mpsc::channel();
-    let forward = |stream: Box<dyn Read + Send>, lines: mpsc::Sender<String>| {
-        std::thread::spawn(move || {
-            for line in BufReader::new(stream).lines().map_while(Result::ok) {
-                if lines.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-    };
-    forward(Box::new(child.stdout.take().unwrap()), lines.clone());
-    forward(Box::new(child.stderr.take().unwrap()), lines);
-    let deadline = Instant::now() + TIMEOUT;
-    let mut transcript = Vec::new();
-    loop {
-        match seen.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-            Ok(line) => transcript.push(line),
-            // Both streams are closed: the launcher has exited (or is about to).
-            Err(mpsc::RecvTimeoutError::Disconnected) => break,
-            Err(mpsc::RecvTimeoutError::Timeout) => {
-                let _ = child.kill();
-                panic!("not done within {TIMEOUT:?}:\n{}", transcript.join("\n"));
-            }
-        }
-    }
-    let status = child.wait().expect("waiting for burn-dist-run");
+    let (status, transcript) = watch(&mut child, TIMEOUT, |_| {});
     (status, transcript.join("\n"))
 }
 

@@ -4,16 +4,12 @@
 //! uninterrupted run uses ZeRO stage 1 and the crashed and resumed runs stage 2, which must
 //! give bit for bit the same parameters.
 
-mod support;
-
-use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Command, ExitStatus, Stdio};
-use std::sync::mpsc;
 use std::time::Duration;
 
+use burn_dist::testing::processes::{launcher, read_f32s, scratch_dir, watch};
 use burn_dist_zero::checkpoint;
-use support::{launcher, read_f32s, scratch_dir};
 
 const TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -24,7 +20,7 @@ fn train(
     dir: &Path,
     out: &Path,
     env: &[(&str, &str)],
-    mut on_line: impl FnMut(&str),
+    on_line: impl FnMut(&str),
 ) -> ExitStatus {
     let mut child = Command::new(launcher())
         .args([
@@ -55,31 +51,7 @@ fn train(
         .stderr(Stdio::piped())
         .spawn()
         .expect("starting burn-dist-run");
-    let (lines, seen) = mpsc::channel();
-    let stderr = child.stderr.take().expect("piped stderr");
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if lines.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    let mut transcript = Vec::new();
-    loop {
-        match seen.recv_timeout(TIMEOUT) {
-            Ok(line) => {
-                on_line(&line);
-                transcript.push(line);
-            }
-            Err(mpsc::RecvTimeoutError::Disconnected) => break,
-            Err(mpsc::RecvTimeoutError::Timeout) => {
-                let _ = child.kill();
-                panic!("no output for {TIMEOUT:?}:\n{}", transcript.join("\n"));
-            }
-        }
-    }
-    // Its stderr is closed, so the launcher has exited (or is about to).
-    child.wait().expect("waiting for burn-dist-run")
+    watch(&mut child, TIMEOUT, on_line).0
 }
 
 #[test]

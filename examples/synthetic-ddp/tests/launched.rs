@@ -9,9 +9,7 @@ use burn_dist::{Ddp, DdpConfig, DistributedBackend};
 use burn_dist_comm::{CommConfig, HostCommunicator};
 use burn_flex::{Flex, FlexDevice};
 
-mod support;
-
-use support::{launcher, read_f32s};
+use burn_dist::testing::processes::{launcher, read_f32s};
 
 type B = Autodiff<DistributedBackend<Flex>>;
 

@@ -1,0 +1,85 @@
+//! Scaffolding of the real-process tests (the launcher and the example programs on loopback):
+//! where the launcher is, scratch directories, parameter files, and watching a job's output
+//! line by line with a bound, so that no test waits forever or sleeps.
+
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ExitStatus};
+use std::sync::mpsc;
+use std::time::Duration;
+
+/// `burn-dist-run`, built by the same `cargo test --workspace` next to the test's binary.
+pub fn launcher() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    let dir = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("target dir");
+    let launcher = dir.join("burn-dist-run");
+    assert!(
+        launcher.exists(),
+        "{} is missing: build it first (`cargo xtask test` and `cargo xtask integration` do)",
+        launcher.display()
+    );
+    launcher
+}
+
+/// A fresh, empty directory for one test.
+pub fn scratch_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("burn-dist-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// The little-endian f32 values of a parameter file written with `--out`.
+pub fn read_f32s(path: &Path) -> Vec<f32> {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+/// Reads every line `child` writes on its piped stdout and stderr (whichever are piped),
+/// calling `on_line` as each arrives, until both close; then waits for it. Kills it and panics
+/// with the transcript when no line arrives for `quiet`. Returns the exit status and every line.
+pub fn watch(
+    child: &mut Child,
+    quiet: Duration,
+    mut on_line: impl FnMut(&str),
+) -> (ExitStatus, Vec<String>) {
+    let (lines, seen) = mpsc::channel();
+    let streams: [Option<Box<dyn Read + Send>>; 2] = [
+        child.stdout.take().map(|s| Box::new(s) as _),
+        child.stderr.take().map(|s| Box::new(s) as _),
+    ];
+    for stream in streams.into_iter().flatten() {
+        let lines = lines.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stream).lines().map_while(Result::ok) {
+                if lines.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+    }
+    drop(lines);
+    let mut transcript = Vec::new();
+    loop {
+        match seen.recv_timeout(quiet) {
+            Ok(line) => {
+                on_line(&line);
+                transcript.push(line);
+            }
+            // Every stream is closed: the process has exited (or is about to).
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                let _ = child.kill();
+                panic!("no output for {quiet:?}:\n{}", transcript.join("\n"));
+            }
+        }
+    }
+    let status = child.wait().expect("waiting for the child");
+    (status, transcript)
+}
