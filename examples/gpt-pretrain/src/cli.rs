@@ -1,0 +1,318 @@
+//! The command line, and its translation into checked settings (every bad combination is an
+//! error that names the flag).
+
+use std::path::PathBuf;
+
+use clap::{Parser, ValueEnum};
+
+use crate::data::Source;
+use crate::data::text::Tokenizer;
+use crate::model::GptConfig;
+
+#[derive(Parser, Debug, Clone)]
+#[command(
+    name = "gpt-pretrain",
+    // A flag given twice takes its last value, so wrappers (`cargo xtask pretrain ARGS`) can
+    // override their defaults.
+    args_override_self = true,
+    about = "Pretrain a GPT-2-style model data-parallel (launch N ranks with burn-dist-run)"
+)]
+pub struct Args {
+    /// Model size; --n-layer, --n-head, --d-model and --context override its parts.
+    #[arg(long, value_enum, default_value_t = ModelSize::Tiny)]
+    pub model: ModelSize,
+    #[arg(long)]
+    pub n_layer: Option<usize>,
+    #[arg(long)]
+    pub n_head: Option<usize>,
+    #[arg(long)]
+    pub d_model: Option<usize>,
+    /// Tokens per training sequence (and learned positions).
+    #[arg(long)]
+    pub context: Option<usize>,
+    #[arg(long, default_value_t = 0.0)]
+    pub dropout: f64,
+    /// Give the LM head its own matrix instead of reusing the token embedding.
+    #[arg(long)]
+    pub untie_weights: bool,
+
+    /// Train on this UTF-8 text file (default: the built-in synthetic corpus).
+    #[arg(long, conflicts_with = "shards")]
+    pub text: Option<PathBuf>,
+    /// Tokenizer of --text.
+    #[arg(long, value_enum, default_value_t = Tokenizer::Gpt2)]
+    pub tokenizer: Tokenizer,
+    /// llm.c/nanoGPT .bin token shards: a directory or a file pattern (`dir/train_*.bin`).
+    #[arg(long)]
+    pub shards: Option<String>,
+    /// Synthetic corpus: vocabulary size.
+    #[arg(long, default_value_t = 64)]
+    pub synthetic_vocab: usize,
+    /// Synthetic corpus: allowed successors of each token.
+    #[arg(long, default_value_t = 6)]
+    pub synthetic_successors: usize,
+    /// Synthetic corpus: tokens generated (both splits).
+    #[arg(long, default_value_t = 2_000_000)]
+    pub synthetic_tokens: usize,
+    /// Seed of the synthetic corpus.
+    #[arg(long, default_value_t = 1)]
+    pub data_seed: u64,
+    /// Share of the tokens held out for validation (shards named `*val*` replace it).
+    #[arg(long, default_value_t = 0.05)]
+    pub val_fraction: f64,
+
+    /// Optimizer steps in all (a resumed run continues up to this step).
+    #[arg(long, default_value_t = 600)]
+    pub steps: usize,
+    /// Sequences per optimizer step over all ranks and micro-batches; divisible by
+    /// world size × --accumulation. The same value trains the same model at any world size.
+    #[arg(long, default_value_t = 32)]
+    pub global_batch: usize,
+    /// Micro-batches per optimizer step on each rank (gradient accumulation).
+    #[arg(long, default_value_t = 1)]
+    pub accumulation: usize,
+    #[arg(long, value_enum, default_value_t = OptimizerKind::Zero)]
+    pub optimizer: OptimizerKind,
+    /// ZeRO stage of --optimizer zero: 1 shards the optimizer state, 2 also the gradients.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=2))]
+    pub zero_stage: u8,
+    /// Peak learning rate (after warmup).
+    #[arg(long, default_value_t = 3e-3)]
+    pub lr: f64,
+    /// Final learning rate of the cosine decay (default: --lr / 10).
+    #[arg(long)]
+    pub min_lr: Option<f64>,
+    #[arg(long, default_value_t = 20)]
+    pub warmup: usize,
+    #[arg(long, default_value_t = 0.1)]
+    pub weight_decay: f32,
+    #[arg(long, default_value_t = 0.9)]
+    pub beta1: f32,
+    #[arg(long, default_value_t = 0.95)]
+    pub beta2: f32,
+    /// Clip the global gradient norm to this (0: no clipping).
+    #[arg(long, default_value_t = 1.0)]
+    pub max_grad_norm: f32,
+    #[arg(long, value_enum, default_value_t = Precision::F32)]
+    pub precision: Precision,
+    /// Seed of the model's initialization and of the data order.
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+
+    /// Evaluate every this many steps (and after the last; 0: only after the last).
+    #[arg(long, default_value_t = 50)]
+    pub eval_every: usize,
+    /// Validation sequences per evaluation (rounded down to a multiple of --global-batch).
+    #[arg(long, default_value_t = 256)]
+    pub eval_sequences: usize,
+    /// Print a line every this many steps.
+    #[arg(long, default_value_t = 10)]
+    pub log_every: usize,
+
+    /// Save a checkpoint every K steps (and after the last step), ZeroAdam only.
+    #[arg(long)]
+    pub checkpoint_every: Option<u64>,
+    /// Where checkpoints go (default: RUN_DIR/checkpoints).
+    #[arg(long)]
+    pub checkpoint_dir: Option<PathBuf>,
+    /// Resume from a checkpoint directory, or the newest complete one under a root.
+    #[arg(long)]
+    pub resume: Option<PathBuf>,
+
+    /// Directory of the run's metrics, plot and (by default) checkpoints.
+    #[arg(long, default_value = "runs/gpt-pretrain")]
+    pub run_dir: PathBuf,
+    /// Metrics file, JSON Lines (default: RUN_DIR/metrics.jsonl).
+    #[arg(long)]
+    pub metrics: Option<PathBuf>,
+    /// Skip the SVG plot (RUN_DIR/loss.svg).
+    #[arg(long)]
+    pub no_plot: bool,
+    /// Peak FLOP/s of the hardware of ALL ranks together, for the MFU column
+    /// (e.g. 989e12 for one H100 SXM in bf16).
+    #[arg(long)]
+    pub peak_flops: Option<f64>,
+    /// Rank 0 writes the final parameters here (burn-dist-models' parameter-file format).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Test hook: after this step every rank announces its pid on stdout and waits to be killed.
+    #[arg(long, hide = true)]
+    pub pause_after_step: Option<u64>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ModelSize {
+    Tiny,
+    #[value(name = "gpt2-124m")]
+    Gpt2_124m,
+    #[value(name = "gpt2-350m")]
+    Gpt2_350m,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OptimizerKind {
+    /// burn-dist-zero's ZeroAdam: AdamW with the state sharded across ranks.
+    Zero,
+    /// Burn's AdamW, replicated on every rank (f32 only, no checkpoints).
+    Adamw,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Precision {
+    F32,
+    /// f16 parameters and activations, f32 master weights and loss scaling (ZeroAdam only).
+    F16,
+    /// bf16 parameters and activations, f32 master weights, no scaling (ZeroAdam only).
+    Bf16,
+}
+
+impl Args {
+    /// The corpus the flags select.
+    pub fn source(&self) -> Source {
+        match (&self.text, &self.shards) {
+            (Some(path), _) => Source::Text {
+                path: path.clone(),
+                tokenizer: self.tokenizer,
+            },
+            (None, Some(pattern)) => Source::Shards {
+                pattern: pattern.clone(),
+            },
+            (None, None) => Source::Synthetic {
+                vocab: self.synthetic_vocab,
+                successors: self.synthetic_successors,
+                tokens: self.synthetic_tokens,
+                seed: self.data_seed,
+            },
+        }
+    }
+
+    /// The model for a corpus of `vocab` tokens. GPT-2 sizes pad the vocabulary to a multiple
+    /// of 64 (50257 → 50304, as nanoGPT does: faster matmuls, the extra rows are never targets).
+    pub fn model_config(&self, vocab: usize) -> Result<GptConfig, String> {
+        let base = match self.model {
+            ModelSize::Tiny => GptConfig::tiny(vocab),
+            ModelSize::Gpt2_124m => GptConfig::gpt2_124m(vocab.next_multiple_of(64)),
+            ModelSize::Gpt2_350m => GptConfig::gpt2_350m(vocab.next_multiple_of(64)),
+        };
+        let config = GptConfig {
+            n_layer: self.n_layer.unwrap_or(base.n_layer),
+            n_head: self.n_head.unwrap_or(base.n_head),
+            d_model: self.d_model.unwrap_or(base.d_model),
+            context: self.context.unwrap_or(base.context),
+            dropout: self.dropout,
+            tie_weights: !self.untie_weights,
+            ..base
+        };
+        config.validate().map_err(|e| format!("--model: {e}"))?;
+        Ok(config)
+    }
+
+    /// Combinations that cannot work, named by their flags. `world` is the number of ranks.
+    pub fn check(&self, world: usize) -> Result<(), String> {
+        let per_step = world * self.accumulation;
+        if self.accumulation == 0
+            || self.global_batch == 0
+            || !self.global_batch.is_multiple_of(per_step)
+        {
+            return Err(format!(
+                "--global-batch {} is not a positive multiple of world size {world} × --accumulation {}",
+                self.global_batch, self.accumulation
+            ));
+        }
+        if self.steps == 0 {
+            return Err("--steps must be positive".into());
+        }
+        if self.lr <= 0.0 || self.min_lr.is_some_and(|m| m < 0.0 || m > self.lr) {
+            return Err("--lr must be positive and --min-lr between 0 and --lr".into());
+        }
+        if self.optimizer == OptimizerKind::Adamw {
+            if self.precision != Precision::F32 {
+                return Err(format!(
+                    "--precision {:?} needs --optimizer zero: Burn's AdamW keeps no f32 master weights, so f16/bf16 parameters would lose small updates",
+                    self.precision
+                ));
+            }
+            if self.checkpoint_every.is_some() || self.resume.is_some() {
+                return Err(
+                    "--checkpoint-every and --resume need --optimizer zero: the sharded checkpoints hold ZeroAdam's state, and Burn's AdamW state has no place in them"
+                        .into(),
+                );
+            }
+            if self.zero_stage != 1 {
+                return Err("--zero-stage applies to --optimizer zero only".into());
+            }
+        }
+        if self.checkpoint_every == Some(0) {
+            return Err("--checkpoint-every must be positive".into());
+        }
+        Ok(())
+    }
+
+    pub fn checkpoint_dir(&self) -> PathBuf {
+        self.checkpoint_dir
+            .clone()
+            .unwrap_or_else(|| self.run_dir.join("checkpoints"))
+    }
+
+    pub fn metrics_path(&self) -> PathBuf {
+        self.metrics
+            .clone()
+            .unwrap_or_else(|| self.run_dir.join("metrics.jsonl"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(extra: &[&str]) -> Args {
+        Args::parse_from(["gpt-pretrain"].iter().chain(extra))
+    }
+
+    #[test]
+    fn defaults_are_the_tiny_model_on_the_synthetic_corpus() {
+        let a = args(&[]);
+        assert!(matches!(a.source(), Source::Synthetic { vocab: 64, .. }));
+        let config = a.model_config(64).unwrap();
+        assert_eq!(
+            (
+                config.n_layer,
+                config.d_model,
+                config.n_head,
+                config.context
+            ),
+            (2, 64, 4, 64)
+        );
+        a.check(2).unwrap();
+        assert_eq!(
+            args(&["--model", "gpt2-124m"])
+                .model_config(50257)
+                .unwrap()
+                .vocab_size,
+            50304
+        );
+    }
+
+    #[test]
+    fn bad_combinations_name_their_flags() {
+        let e = args(&["--global-batch", "6"]).check(4).unwrap_err();
+        assert!(
+            e.contains("--global-batch 6") && e.contains("world size 4"),
+            "{e}"
+        );
+        let e = args(&["--optimizer", "adamw", "--precision", "f16"])
+            .check(1)
+            .unwrap_err();
+        assert!(
+            e.contains("--precision") && e.contains("--optimizer zero"),
+            "{e}"
+        );
+        let e = args(&["--optimizer", "adamw", "--checkpoint-every", "5"])
+            .check(1)
+            .unwrap_err();
+        assert!(e.contains("--checkpoint-every"), "{e}");
+        let e = args(&["--d-model", "66"]).model_config(64).unwrap_err();
+        assert!(e.contains("not divisible by the 4 heads"), "{e}");
+        assert!(Args::try_parse_from(["gpt-pretrain", "--zero-stage", "3"]).is_err());
+    }
+}

@@ -1,0 +1,528 @@
+//! The training program: join the job, build the corpus and the model, then train, evaluate,
+//! log, checkpoint. Generic over the autodiff backend (`Autodiff<DistributedBackend<Flex>>` on
+//! CPU today; CUDA plugs in the same way).
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use burn::module::{AutodiffModule, Module, ModuleMapper, Param};
+use burn::optim::{AdamW, AdamWConfig, Optimizer, adaptor::OptimizerAdaptor};
+use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::{ElementConversion, FloatDType, Tensor};
+use burn_dist::{Ddp, DdpConfig, GradScaler, GradScalerConfig};
+use burn_dist_comm::{CommConfig, Communicator, HostBuffer, HostCommunicator, ReduceOp};
+use burn_dist_zero::checkpoint::{self, TrainingState};
+use burn_dist_zero::{ZeroAdam, ZeroAdamConfig};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+use burn_dist_models::Cast;
+
+use crate::cli::{Args, OptimizerKind, Precision};
+use crate::data::{self, Corpus, Loader};
+use crate::metrics::{self, MetricsWriter, StepRecord};
+use crate::model::{Gpt, GptConfig};
+use crate::schedule::CosineSchedule;
+
+/// What a finished run reached (rank 0's view; every rank computes the same numbers).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Outcome {
+    pub steps: u64,
+    pub final_loss: f64,
+    pub final_val_loss: Option<f64>,
+    pub floor: Option<f64>,
+}
+
+/// Runs the job described by `args` on this rank.
+pub fn run<B: AutodiffBackend>(args: &Args, device: &B::Device) -> Result<Outcome, String> {
+    let config = DdpConfig::new().with_accumulation_steps(args.accumulation);
+    let launched = ["RANK", "SLURM_PROCID"]
+        .iter()
+        .any(|v| std::env::var_os(v).is_some());
+    let mut ddp = if launched {
+        Ddp::init(config).map_err(|e| format!("joining the job: {e}"))?
+    } else {
+        // Started by hand, not by a launcher: a job of one rank, in this process.
+        let comm = HostCommunicator::local_group(1, &CommConfig::default()).remove(0);
+        Ddp::for_thread(comm, config)
+    };
+    let rank = ddp.rank();
+    Trainer::<B>::new(args, &mut ddp, device)
+        .and_then(|trainer| trainer.train())
+        .map_err(|e| format!("rank {rank}: {e}"))
+}
+
+enum Optim<B: AutodiffBackend> {
+    Zero(Box<ZeroAdam>),
+    AdamW(OptimizerAdaptor<AdamW, Gpt<B>, B>),
+}
+
+struct Trainer<'a, B: AutodiffBackend> {
+    args: &'a Args,
+    ddp: &'a mut Ddp,
+    device: B::Device,
+    corpus: Corpus,
+    config: GptConfig,
+    model: Option<Gpt<B>>,
+    optim: Optim<B>,
+    scaler: Option<GradScaler>,
+    schedule: CosineSchedule,
+    loader: Loader,
+    start: u64,
+    bar: ProgressBar,
+    metrics: Option<MetricsWriter>,
+}
+
+impl<'a, B: AutodiffBackend> Trainer<'a, B> {
+    fn new(args: &'a Args, ddp: &'a mut Ddp, device: &B::Device) -> Result<Self, String> {
+        let (rank, world) = (ddp.rank(), ddp.world_size());
+        args.check(world)?;
+        let corpus = Corpus::load(&args.source(), args.val_fraction)?;
+        let config = args.model_config(corpus.vocab_size)?;
+        let seq = config.context;
+        let windows = data::window_count(corpus.train.len(), seq);
+
+        // Every rank builds the same model from the seed; `prepare` checks that they agree and
+        // copies rank 0's values anyway.
+        ddp.seed(args.seed);
+        let model = config.init::<B>(args.seed, device);
+        let model = match args.precision {
+            Precision::F32 => model,
+            Precision::F16 => model.map(&mut Cast(FloatDType::F16)),
+            Precision::Bf16 => model.map(&mut Cast(FloatDType::BF16)),
+        };
+        let model = ddp.prepare(model).map_err(|e| e.to_string())?;
+        let max_grad_norm = (args.max_grad_norm > 0.0).then_some(args.max_grad_norm);
+        let mut optim = match args.optimizer {
+            OptimizerKind::Zero => Optim::Zero(Box::new(
+                ZeroAdamConfig::new()
+                    .with_beta_1(args.beta1)
+                    .with_beta_2(args.beta2)
+                    .with_epsilon(1e-8)
+                    .with_weight_decay(args.weight_decay)
+                    .with_max_grad_norm(max_grad_norm)
+                    .with_stage(args.zero_stage)
+                    .init::<B, _>(ddp, &model)
+                    .map_err(|e| format!("--optimizer zero: {e}"))?,
+            )),
+            OptimizerKind::Adamw => Optim::AdamW(
+                AdamWConfig::new()
+                    .with_beta_1(args.beta1)
+                    .with_beta_2(args.beta2)
+                    .with_epsilon(1e-8)
+                    .with_weight_decay(args.weight_decay)
+                    .init(),
+            ),
+        };
+        let mut scaler = (args.precision == Precision::F16).then(|| GradScalerConfig::new().init());
+
+        // Resume: weights, optimizer shards (resharded to this world size), random stream,
+        // loss scale and data position.
+        let (model, start, consumed) = match (&args.resume, &mut optim) {
+            (Some(path), Optim::Zero(zero)) => {
+                let (model, state) = checkpoint::load(path, ddp, model, zero)
+                    .map_err(|e| format!("--resume {}: {e}", path.display()))?;
+                scaler = scaler.map(|s| state.restore_scaler(s));
+                (model, state.step, state.samples_consumed)
+            }
+            _ => (model, 0, 0),
+        };
+        let loader = Loader::new(rank, world, args.seed, windows, args.global_batch, consumed)?;
+        // Checked here, identically on every rank, so that no rank fails alone inside an
+        // evaluation while the others wait in its all-reduce.
+        let val_windows = data::window_count(corpus.val.len(), seq);
+        if data::eval_indices(val_windows, args.eval_sequences, args.global_batch, 0, 1).is_empty()
+        {
+            return Err(format!(
+                "the validation split has {val_windows} windows of {} tokens and --eval-sequences is {}: at least one global batch of {} is needed (more data, a larger --val-fraction or --eval-sequences, or a smaller --global-batch)",
+                seq + 1,
+                args.eval_sequences,
+                args.global_batch
+            ));
+        }
+
+        let bar = if rank == 0 {
+            let bar = ProgressBar::with_draw_target(
+                Some(args.steps as u64),
+                ProgressDrawTarget::stderr(),
+            );
+            bar.set_style(
+                ProgressStyle::with_template(
+                    "{bar:30} {pos}/{len} steps {msg} [{elapsed_precise}, eta {eta}]",
+                )
+                .expect("a valid template"),
+            );
+            bar.set_position(start);
+            bar
+        } else {
+            ProgressBar::hidden()
+        };
+        let metrics = if rank == 0 {
+            Some(MetricsWriter::open(&args.metrics_path(), start > 0)?)
+        } else {
+            None
+        };
+        let trainer = Trainer {
+            schedule: CosineSchedule {
+                max_lr: args.lr,
+                min_lr: args.min_lr.unwrap_or(args.lr / 10.0),
+                warmup: args.warmup,
+                total: args.steps,
+            },
+            args,
+            device: device.clone(),
+            corpus,
+            config,
+            model: Some(model),
+            optim,
+            scaler,
+            loader,
+            start,
+            bar,
+            metrics,
+            ddp,
+        };
+        trainer.announce(windows);
+        Ok(trainer)
+    }
+
+    fn rank(&self) -> usize {
+        self.ddp.rank()
+    }
+
+    /// Rank 0 prints a line (above the progress bar when there is one).
+    fn say(&self, line: String) {
+        if self.rank() == 0 {
+            self.bar.suspend(|| {
+                println!("{line}");
+                let _ = std::io::stdout().flush();
+            });
+        }
+    }
+
+    fn announce(&self, train_windows: usize) {
+        let (args, config) = (self.args, &self.config);
+        self.say(format!("corpus: {}", self.corpus.description));
+        if let (Some(floor), Some(chain)) = (self.corpus.floor(), &self.corpus.chain) {
+            self.say(format!(
+                "entropy floor: {floor:.4} nats/token (the chain's entropy rate: the best expected loss at every target position)"
+            ));
+            // The evaluated windows are a finite sample: the ideal model's loss on exactly
+            // their targets is the floor the validation loss is compared with in practice.
+            let (seq, batch) = (config.context, args.global_batch);
+            let windows = data::window_count(self.corpus.val.len(), seq);
+            let evaluated = args.eval_sequences.min(windows) / batch * batch;
+            if evaluated > 0 {
+                self.say(format!(
+                    "the ideal model scores {:.4} nats/token on the {evaluated} validation windows evaluated",
+                    chain.oracle_loss(&self.corpus.val[..evaluated * seq + 1])
+                ));
+            }
+        }
+        self.say(format!(
+            "model: {} layers, width {}, {} heads, context {}, vocabulary {}, {:.3} M parameters, {:?}",
+            config.n_layer,
+            config.d_model,
+            config.n_head,
+            config.context,
+            config.vocab_size,
+            config.num_params() as f64 / 1e6,
+            args.precision
+        ));
+        self.say(format!(
+            "training: {} ranks, global batch {} sequences ({} tokens) in {} micro-batch(es), {} steps, {} windows per epoch, {:?}{}",
+            self.ddp.world_size(),
+            args.global_batch,
+            args.global_batch * config.context,
+            args.accumulation,
+            args.steps,
+            train_windows,
+            args.optimizer,
+            match args.optimizer {
+                OptimizerKind::Zero => format!(" (ZeRO stage {})", args.zero_stage),
+                OptimizerKind::Adamw => String::new(),
+            }
+        ));
+        if self.start > 0 {
+            self.say(format!("resumed at step {}", self.start));
+        }
+    }
+
+    fn train(mut self) -> Result<Outcome, String> {
+        let args = self.args;
+        let steps = args.steps as u64;
+        let floor = self.corpus.floor();
+        let began = Instant::now();
+        let mut outcome = Outcome {
+            steps: self.start,
+            final_loss: f64::NAN,
+            final_val_loss: None,
+            floor,
+        };
+        if self.start >= steps {
+            return Err(format!(
+                "the checkpoint is at step {}: nothing to do for --steps {steps}",
+                self.start
+            ));
+        }
+        for done in self.start + 1..=steps {
+            let started = Instant::now();
+            let (loss, lr, grad_norm, skipped, loss_scale) = self.step(done - 1)?;
+            let seconds = started.elapsed().as_secs_f64();
+            let last = done == steps;
+            let evaluates =
+                last || (args.eval_every > 0 && done.is_multiple_of(args.eval_every as u64));
+            let val_loss = if evaluates {
+                Some(self.evaluate()?)
+            } else {
+                None
+            };
+            let tokens_per_s = (args.global_batch * self.config.context) as f64 / seconds;
+            let flops_per_s = self.config.flops_per_token(self.config.context) * tokens_per_s;
+            let record = StepRecord {
+                step: done,
+                loss,
+                val_loss,
+                floor,
+                lr,
+                loss_scale,
+                grad_norm: grad_norm.is_finite().then_some(grad_norm),
+                skipped,
+                tokens_per_s,
+                flops_per_s,
+                mfu: args.peak_flops.map(|peak| flops_per_s / peak),
+                rss_mib: self.gather_rss()?,
+                elapsed_s: began.elapsed().as_secs_f64(),
+            };
+            if let Some(metrics) = &mut self.metrics {
+                metrics.write(&record)?;
+            }
+            self.bar.set_position(done);
+            self.bar.set_message(format!("loss {loss:.4}"));
+            if last
+                || evaluates
+                || (args.log_every > 0 && done.is_multiple_of(args.log_every as u64))
+            {
+                self.say(log_line(&record, steps));
+            }
+            outcome = Outcome {
+                steps: done,
+                final_loss: loss,
+                final_val_loss: val_loss.or(outcome.final_val_loss),
+                floor,
+            };
+            if let Some(every) = args.checkpoint_every
+                && (done.is_multiple_of(every) || last)
+            {
+                self.save(done)?;
+            }
+            if args.pause_after_step == Some(done) {
+                pause(self.rank(), done);
+            }
+        }
+        self.bar.finish_and_clear();
+        self.finish(&outcome)?;
+        Ok(outcome)
+    }
+
+    /// One optimizer step (`step` counts from 0): every micro-batch's forward and backward,
+    /// then the update. Returns the mean loss over ranks and micro-batches, the learning rate,
+    /// the gradient norm, whether the step was skipped, and the loss scale used.
+    fn step(&mut self, step: u64) -> Result<(f64, f64, f64, bool, Option<f32>), String> {
+        let (args, seq) = (self.args, self.config.context);
+        let lr = self.schedule.lr(step as usize);
+        self.ddp.set_step(step);
+        let windows = self.loader.next_step();
+        let micro = windows.len() / args.accumulation;
+        let loss_scale = self.scaler.as_ref().map(GradScaler::scale);
+        let mut model = self
+            .model
+            .take()
+            .expect("the model is in place between steps");
+        let mut loss_sum = 0.0;
+        let mut grads = None;
+        for chunk in windows.chunks(micro) {
+            if args.accumulation > 1 {
+                // Each backward consumes the sync marks (see burn-dist's guide).
+                model = self.ddp.mark(model);
+            }
+            let (inputs, targets) = data::batch::<B>(&self.corpus.train, seq, chunk, &self.device);
+            let loss = model.loss(inputs, targets);
+            loss_sum += loss.clone().into_scalar().elem::<f64>();
+            let loss = match &self.scaler {
+                Some(scaler) => scaler.scale_loss(loss),
+                None => loss,
+            };
+            grads = self
+                .ddp
+                .backward(loss, &model)
+                .map_err(|e| format!("step {}: {e}", step + 1))?;
+        }
+        let grads = grads.expect("the last micro-batch of a window returns the gradients");
+        let max_grad_norm = (args.max_grad_norm > 0.0).then_some(args.max_grad_norm);
+        let (model, grad_norm, skipped) = match &mut self.optim {
+            Optim::Zero(zero) => {
+                let stepped = match &mut self.scaler {
+                    Some(scaler) => zero.step_scaled(lr, model, grads, self.ddp, scaler),
+                    None => zero.step(lr, model, grads, self.ddp),
+                };
+                let (model, report) = stepped.map_err(|e| format!("step {}: {e}", step + 1))?;
+                (model, report.grad_norm, report.skipped)
+            }
+            Optim::AdamW(adamw) => {
+                let (grads, norm) =
+                    crate::clip::clip_global_norm::<B, _>(&model, grads, max_grad_norm);
+                (adamw.step(lr, model, grads), norm, false)
+            }
+        };
+        self.model = Some(model);
+        let loss = self.mean_over_ranks(loss_sum / args.accumulation as f64)?;
+        Ok((loss, lr, grad_norm, skipped, loss_scale))
+    }
+
+    fn mean_over_ranks(&self, value: f64) -> Result<f64, String> {
+        let reduced = self
+            .ddp
+            .communicator()
+            .all_reduce(HostBuffer::F32(vec![value as f32]), ReduceOp::Avg)
+            .wait()
+            .map_err(|e| format!("averaging the loss: {e}"))?;
+        let HostBuffer::F32(v) = reduced else {
+            unreachable!("an f32 all-reduce returns f32")
+        };
+        Ok(f64::from(v[0]))
+    }
+
+    /// Mean validation loss over the same windows at every world size: each rank sums the loss
+    /// of its share, one all-reduce adds the sums.
+    fn evaluate(&self) -> Result<f64, String> {
+        let (args, seq) = (self.args, self.config.context);
+        let model = self.model.as_ref().expect("the model is in place").valid();
+        let windows = data::window_count(self.corpus.val.len(), seq);
+        let (rank, world) = (self.rank(), self.ddp.world_size());
+        let mine = data::eval_indices(windows, args.eval_sequences, args.global_batch, rank, world);
+        let micro = args.global_batch / world / args.accumulation;
+        let mut sum = 0.0f64;
+        for chunk in mine.chunks(micro) {
+            let (inputs, targets) =
+                data::batch::<B::InnerBackend>(&self.corpus.val, seq, chunk, &self.device);
+            let loss = model.loss(inputs, targets).into_scalar().elem::<f64>();
+            sum += loss * chunk.len() as f64;
+        }
+        let totals = self
+            .ddp
+            .communicator()
+            .all_reduce(
+                HostBuffer::F32(vec![sum as f32, mine.len() as f32]),
+                ReduceOp::Sum,
+            )
+            .wait()
+            .map_err(|e| format!("summing the validation loss: {e}"))?;
+        let HostBuffer::F32(t) = totals else {
+            unreachable!("an f32 all-reduce returns f32")
+        };
+        Ok(f64::from(t[0]) / f64::from(t[1]))
+    }
+
+    /// Every rank's resident memory in MiB, gathered (in rank order) on every rank.
+    fn gather_rss(&self) -> Result<Vec<f64>, String> {
+        let world = self.ddp.world_size();
+        let kib = metrics::resident_kib().unwrap_or(0);
+        let all = self
+            .ddp
+            .communicator()
+            .all_gather(HostBuffer::U8(kib.to_le_bytes().to_vec()), 8 * world)
+            .wait()
+            .map_err(|e| format!("gathering resident memory: {e}"))?;
+        Ok(all
+            .as_bytes()
+            .chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")) as f64 / 1024.0)
+            .collect())
+    }
+
+    fn save(&self, done: u64) -> Result<(), String> {
+        let Optim::Zero(zero) = &self.optim else {
+            unreachable!("Args::check refuses checkpoints without ZeroAdam")
+        };
+        let mut state = TrainingState::new(done, done * self.args.global_batch as u64)
+            .with_random(self.args.seed, done);
+        if let Some(scaler) = &self.scaler {
+            state = state.with_scaler(scaler);
+        }
+        let root = self.args.checkpoint_dir();
+        let model = self.model.as_ref().expect("the model is in place");
+        let dir = checkpoint::save(&root, self.ddp, model, zero, &state)
+            .map_err(|e| format!("saving step {done} under {}: {e}", root.display()))?;
+        self.say(format!("saved step {done} to {}", dir.display()));
+        Ok(())
+    }
+
+    /// Rank 0: the parameter dump, the plot and the summary line.
+    fn finish(&self, outcome: &Outcome) -> Result<(), String> {
+        if self.rank() != 0 {
+            return Ok(());
+        }
+        let model = self.model.as_ref().expect("the model is in place");
+        if let Some(out) = &self.args.out {
+            let params = burn_dist_models::step::float_params::<B, _>(model);
+            burn_dist_models::step::write_params(out, &params)
+                .map_err(|e| format!("--out {}: {e}", out.display()))?;
+        }
+        if !self.args.no_plot {
+            let path = self.metrics_plot_path();
+            let records = metrics::read(&self.args.metrics_path())?;
+            crate::plot::plot(&records, outcome.floor, &path)?;
+            self.say(format!("plot: {}", path.display()));
+        }
+        let val = outcome
+            .final_val_loss
+            .map_or("-".into(), |v| format!("{v:.4}"));
+        let gap = match (outcome.final_val_loss, outcome.floor) {
+            (Some(v), Some(f)) => format!(", floor {f:.4}, gap {:+.4} nats/token", v - f),
+            _ => String::new(),
+        };
+        self.say(format!(
+            "done: {} steps, train loss {:.4}, validation loss {val}{gap}",
+            outcome.steps, outcome.final_loss
+        ));
+        Ok(())
+    }
+
+    fn metrics_plot_path(&self) -> PathBuf {
+        self.args.run_dir.join("loss.svg")
+    }
+}
+
+fn log_line(r: &StepRecord, steps: u64) -> String {
+    let mut line = format!("step {:>5}/{steps} | loss {:.4}", r.step, r.loss);
+    if let Some(v) = r.val_loss {
+        line += &format!(" | val {v:.4}");
+    }
+    if let Some(f) = r.floor {
+        line += &format!(" | floor {f:.4}");
+    }
+    line += &format!(" | lr {:.2e} | {:.0} tok/s", r.lr, r.tokens_per_s);
+    if let Some(mfu) = r.mfu {
+        line += &format!(" | MFU {:.2} %", 100.0 * mfu);
+    }
+    if let Some(s) = r.loss_scale {
+        line += &format!(" | scale {s}");
+    }
+    if r.skipped {
+        line += " | skipped (inf/NaN)";
+    }
+    line
+}
+
+/// The crash tests' hook: announce the pid on stdout and wait to be killed.
+fn pause(rank: usize, step: u64) -> ! {
+    println!(
+        "paused after step {step} on rank {rank} (pid {})",
+        std::process::id()
+    );
+    let _ = std::io::stdout().flush();
+    loop {
+        std::thread::park();
+    }
+}

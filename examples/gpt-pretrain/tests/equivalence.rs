@@ -1,0 +1,141 @@
+//! 1, 2 and 4 real processes (through `burn-dist-run`) training the tiny GPT on the same global
+//! batch follow the same loss curve, step by step, training and validation; so does 2 ranks
+//! with 2 accumulation micro-batches each. Burn's AdamW with this example's global clipping and
+//! ZeRO stage 2 follow ZeroAdam stage 1's curve; f16 and bf16 train.
+
+use std::path::Path;
+use std::process::Command;
+
+use burn_dist_models::processes::{launcher, scratch_dir};
+use gpt_pretrain::metrics::{self, StepRecord};
+
+/// Small enough for a debug build on 2 cores: 4 sequences of 16 tokens per step.
+const RUN: &[&str] = &[
+    "--steps",
+    "5",
+    "--global-batch",
+    "4",
+    "--context",
+    "16",
+    "--synthetic-tokens",
+    "20000",
+    "--warmup",
+    "2",
+    "--eval-every",
+    "2",
+    "--eval-sequences",
+    "8",
+    "--log-every",
+    "1",
+    "--no-plot",
+];
+
+fn launched(dir: &Path, world: usize, extra: &[&str]) -> Vec<StepRecord> {
+    let name = format!("world{world}{}", extra.join(""));
+    let metrics = dir.join(format!("{name}.jsonl"));
+    let output = Command::new(launcher())
+        .args([
+            "--nproc-per-node",
+            &world.to_string(),
+            "--master-port",
+            "0",
+            "--",
+        ])
+        .arg(env!("CARGO_BIN_EXE_gpt-pretrain"))
+        .args(RUN)
+        .args(extra)
+        .arg("--run-dir")
+        .arg(dir.join(&name))
+        .arg("--metrics")
+        .arg(&metrics)
+        .env("BURN_DIST_TIMEOUT_SECS", "60")
+        .output()
+        .expect("running burn-dist-run");
+    assert!(
+        output.status.success(),
+        "{world} ranks {extra:?}: {}\n{}{}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    metrics::read(&metrics).unwrap()
+}
+
+fn assert_same_curve(got: &[StepRecord], reference: &[StepRecord], what: &str) {
+    assert_eq!(got.len(), reference.len(), "{what}: steps");
+    let close = |a: f64, b: f64| (a - b).abs() <= 1e-4 * b.abs();
+    for (g, r) in got.iter().zip(reference) {
+        assert!(
+            close(g.loss, r.loss),
+            "{what}: step {} loss {} vs {} on 1 rank",
+            r.step,
+            g.loss,
+            r.loss
+        );
+        match (g.val_loss, r.val_loss) {
+            (Some(a), Some(b)) => assert!(
+                close(a, b),
+                "{what}: step {} validation loss {a} vs {b}",
+                r.step
+            ),
+            (a, b) => assert_eq!(
+                a.is_some(),
+                b.is_some(),
+                "{what}: step {} evaluates",
+                r.step
+            ),
+        }
+    }
+}
+
+#[test]
+fn one_two_and_four_ranks_follow_the_same_loss_curve() {
+    let dir = scratch_dir("gpt-equivalence");
+    let reference = launched(&dir, 1, &[]);
+    assert_eq!(reference.len(), 5);
+    assert!(
+        reference.iter().filter(|r| r.val_loss.is_some()).count() == 3,
+        "steps 2, 4, 5"
+    );
+    assert!(reference[4].loss < reference[0].loss, "it learns");
+    assert_same_curve(&launched(&dir, 2, &[]), &reference, "2 ranks");
+    assert_same_curve(&launched(&dir, 4, &[]), &reference, "4 ranks");
+    assert_same_curve(
+        &launched(&dir, 2, &["--accumulation", "2"]),
+        &reference,
+        "2 ranks × 2 micro-batches",
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn adamw_and_zero_stage_2_follow_zero_stage_1_and_mixed_precision_trains() {
+    let dir = scratch_dir("gpt-optimizers");
+    // A clip norm the gradients exceed, so that both clipping implementations are exercised.
+    let clip = ["--max-grad-norm", "0.5"];
+    let reference = launched(&dir, 2, &clip);
+    assert!(
+        reference
+            .iter()
+            .any(|r| r.grad_norm.is_some_and(|g| g > 0.5)),
+        "clipping is active"
+    );
+    let adamw = launched(&dir, 2, &[&clip[..], &["--optimizer", "adamw"]].concat());
+    assert_same_curve(&adamw, &reference, "Burn's AdamW");
+    let stage2 = launched(&dir, 2, &[&clip[..], &["--zero-stage", "2"]].concat());
+    assert_same_curve(&stage2, &reference, "ZeRO stage 2");
+    for precision in ["f16", "bf16"] {
+        let run = launched(&dir, 2, &["--precision", precision]);
+        let (first, last) = (run[0].loss, run[run.len() - 1].loss);
+        assert!(
+            last < first && last.is_finite(),
+            "{precision}: loss {first} -> {last}"
+        );
+        assert_eq!(
+            run[0].loss_scale.is_some(),
+            precision == "f16",
+            "{precision}: loss scaling is for f16 only"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
