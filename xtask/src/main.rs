@@ -3,16 +3,27 @@
 
 use std::process::{Command, ExitCode};
 
+mod gpt;
+mod gpu_check;
+
 const USAGE: &str = "\
 usage: cargo xtask <task>
 
 tasks:
+  pretrain [ARGS]
+                the README's main command: 2 processes pretrain the tiny GPT on the
+                synthetic corpus through the launcher (release; extra ARGS go to
+                gpt-pretrain; see docs/gpt-pretrain.md)
   test          every test of the workspace (what CI runs)
   integration   the multi-process tests only (launcher, real ranks on loopback)
   demo          2 processes train a transformer block data-parallel through the launcher
-                (release build; the README's main command until the GPT example exists)
+                (release build; the smallest end-to-end run)
   fuzz [SECS]   fuzz the TCP store's frame decoder for SECS seconds (default 600)
   bench         the criterion benches (figures in target/criterion; see docs/perf/)
+  soak          8 ranks × 1000 small GPT steps: no hang, resident memory flat (release)
+  gpu-check [--cuda-version NNNNN]
+                build the GPU device check (release, CUDA feature) into target-gpu/ and
+                print the device command that runs it (see docs/gpu.md)
   bench-overhead [ROUNDS]
                 DDP overhead at world size 1: the same transformer step on plain
                 Autodiff<Flex> and under DDP, interleaved ROUNDS times (default 6), release
@@ -26,6 +37,9 @@ fn main() -> ExitCode {
         Some("demo") => demo(),
         Some("fuzz") => fuzz(args.get(1).map_or("600", String::as_str)),
         Some("bench") => cargo(&["bench", "-p", "burn-dist-benches"]),
+        Some("gpu-check") => gpu_check::gpu_check(&args[1..]),
+        Some("pretrain") => gpt::pretrain(&args[1..]),
+        Some("soak") => gpt::soak(),
         Some("bench-overhead") => match args.get(1).map_or(Ok(6), |r| r.parse::<usize>()) {
             Ok(rounds) if rounds > 0 => bench_overhead(rounds),
             _ => Err("bench-overhead: ROUNDS must be a positive number".into()),
@@ -92,7 +106,7 @@ fn demo() -> Result<(), String> {
 }
 
 /// The tests that start real processes: the launcher's own, host collectives between ranks,
-/// and training through the launcher.
+/// and training through the launcher (the examples, burn-train's Learner, crash and resume).
 fn integration() -> Result<(), String> {
     cargo(&["build", "-p", "burn-dist-run", "--bins"])?;
     cargo(&[
@@ -112,7 +126,17 @@ fn integration() -> Result<(), String> {
         "launched",
         "--test",
         "checkpoint_crash",
-    ])
+    ])?;
+    cargo(&[
+        "test",
+        "-p",
+        "gpt-pretrain",
+        "--test",
+        "equivalence",
+        "--test",
+        "resume",
+    ])?;
+    cargo(&["test", "-p", "learner-ddp", "--test", "learner_launched"])
 }
 
 /// cargo-fuzz needs nightly flags; RUSTC_BOOTSTRAP lets the stable toolchain accept them.

@@ -1,0 +1,125 @@
+//! `cargo xtask gpu-check`: builds the device check on this (CPU) machine and lays it out in
+//! `target-gpu/` (git-ignored), ready to be carried to the GPU machine, which has no registry
+//! access. See docs/gpu.md.
+//!
+//! - The binary is built in release with the `cuda` feature, for x86-64 Linux (the GPU
+//!   machine's), with `CUDARC_CUDA_VERSION` fixing cudarc's bindings to the GPU machine's
+//!   driver (CUDA 13.0 by default: without nvcc cudarc would pick its latest bindings, whose
+//!   newer symbols a 13.0 driver lacks). Debug info is off and symbols are stripped, so the
+//!   binary stays far below the 64 MiB that the device tool carries.
+//! - It builds in its own target subdirectory (`gpu-check/`), so that the CUDA version and
+//!   profile settings do not rebuild the workspace's other artifacts.
+//! - `target-gpu/` gets the binary, `run.sh` and `fused_adamw_torch.py`.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const PACKAGE: &str = "burn-dist-gpu-check";
+const OUT_DIR: &str = "target-gpu";
+/// What the device tool carries in all (the working tree counts too).
+const CARRY_LIMIT: u64 = 64 << 20;
+const USAGE: &str =
+    "usage: cargo xtask gpu-check [--cuda-version NNNNN]   (default 13000: CUDA 13.0)";
+
+pub fn gpu_check(args: &[String]) -> Result<(), String> {
+    let mut cuda_version = "13000".to_string();
+    let mut rest = args.iter();
+    while let Some(arg) = rest.next() {
+        match arg.as_str() {
+            "--cuda-version" => {
+                cuda_version = rest
+                    .next()
+                    .filter(|v| v.len() == 5 && v.chars().all(|c| c.is_ascii_digit()))
+                    .ok_or_else(|| format!("--cuda-version needs a value like 13000\n{USAGE}"))?
+                    .clone();
+            }
+            other => return Err(format!("gpu-check: unknown argument {other:?}\n{USAGE}")),
+        }
+    }
+    if std::env::consts::ARCH != "x86_64" || std::env::consts::OS != "linux" {
+        return Err(format!(
+            "gpu-check builds for the GPU machine, which is x86-64 Linux; this machine is {} {}: \
+             build on an x86-64 Linux machine",
+            std::env::consts::ARCH,
+            std::env::consts::OS
+        ));
+    }
+
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .ok_or("xtask has no parent directory")?
+        .to_path_buf();
+    let target = crate::target_dir().join("gpu-check");
+    crate::run(
+        Command::new(env!("CARGO"))
+            .current_dir(&root)
+            .args(["build", "--release", "--locked", "-p", PACKAGE])
+            .args(["--features", "cuda", "--bin", PACKAGE])
+            .env("CARGO_TARGET_DIR", &target)
+            .env("CUDARC_CUDA_VERSION", &cuda_version)
+            .env("CARGO_PROFILE_RELEASE_DEBUG", "0")
+            .env("CARGO_PROFILE_RELEASE_STRIP", "symbols"),
+    )?;
+
+    let out = root.join(OUT_DIR);
+    if out.exists() {
+        std::fs::remove_dir_all(&out)
+            .map_err(|e| format!("cannot clear {}: {e}", out.display()))?;
+    }
+    std::fs::create_dir_all(&out).map_err(|e| format!("cannot create {}: {e}", out.display()))?;
+    let crate_dir = root.join("crates").join(PACKAGE);
+    let files = [
+        (target.join("release").join(PACKAGE), PACKAGE),
+        (crate_dir.join("run.sh"), "run.sh"),
+        (
+            crate_dir.join("fused_adamw_torch.py"),
+            "fused_adamw_torch.py",
+        ),
+    ];
+    let mut total = 0;
+    for (from, name) in files {
+        total += copy_executable(&from, &out.join(name))?;
+    }
+    let binary = std::fs::metadata(out.join(PACKAGE)).map_or(0, |m| m.len());
+    if total > CARRY_LIMIT / 2 {
+        return Err(format!(
+            "{OUT_DIR}/ holds {} MiB: too close to the device tool's {} MiB limit on what it \
+             carries (the working tree counts too)",
+            total >> 20,
+            CARRY_LIMIT >> 20
+        ));
+    }
+    let ignored = Command::new("git")
+        .current_dir(&root)
+        .args(["check-ignore", "-q", OUT_DIR])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ignored {
+        eprintln!("xtask: warning: {OUT_DIR}/ is not git-ignored: add it to .gitignore");
+    }
+    println!(
+        "\nxtask: {OUT_DIR}/ is ready: {PACKAGE} ({:.1} MiB, stripped, CUDA bindings \
+         {cuda_version}), run.sh, fused_adamw_torch.py; {:.1} MiB in all.\n\
+         \n\
+         Run the device check with one call of the device tool (about 2 to 4 minutes on an \
+         H200, at most about 5; results come back as results.jsonl, gpu-check.md and \
+         gpu-check.log):\n\
+         \n    run(command=\"bash {OUT_DIR}/run.sh\", carry=[\"{OUT_DIR}\"], timeout_s=420)\n",
+        binary as f64 / (1 << 20) as f64,
+        total as f64 / (1 << 20) as f64,
+    );
+    Ok(())
+}
+
+/// Copies `from` to `to` with mode 0755; returns the size.
+fn copy_executable(from: &PathBuf, to: &Path) -> Result<u64, String> {
+    let size = std::fs::copy(from, to)
+        .map_err(|e| format!("cannot copy {} to {}: {e}", from.display(), to.display()))?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(to, std::fs::Permissions::from_mode(0o755))
+            .map_err(|e| format!("cannot make {} executable: {e}", to.display()))?;
+    }
+    Ok(size)
+}
