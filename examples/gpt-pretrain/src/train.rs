@@ -6,10 +6,10 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use burn::module::{AutodiffModule, Module, ModuleMapper, Param};
+use burn::module::{AutodiffModule, Module};
 use burn::optim::{AdamW, AdamWConfig, Optimizer, adaptor::OptimizerAdaptor};
 use burn::tensor::backend::AutodiffBackend;
-use burn::tensor::{ElementConversion, FloatDType, Tensor};
+use burn::tensor::{ElementConversion, FloatDType};
 use burn_dist::{Ddp, DdpConfig, GradScaler, GradScalerConfig};
 use burn_dist_comm::{CommConfig, Communicator, HostBuffer, HostCommunicator, ReduceOp};
 use burn_dist_zero::checkpoint::{self, TrainingState};
