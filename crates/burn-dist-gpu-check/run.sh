@@ -5,7 +5,7 @@
 #     bash target-gpu/run.sh
 #
 # It finds libnccl and libnvrtc in the Python environment's nvidia-* packages, runs each check
-# under its own timeout (about 4.5 minutes at most in all), and writes
+# under its own timeout (under 5 minutes in all: 295 s of limits), and writes
 #   $OUT/results.jsonl   one JSON line per result, written as soon as it is known
 #   $OUT/gpu-check.md    a dated table of the results
 #   $OUT/gpu-check.log   everything the checks printed
@@ -98,11 +98,12 @@ check() {
 if [ ! -x "$BIN" ]; then
     result setup fail "$BIN is missing: build it with cargo xtask gpu-check"
 else
-    check nccl-w1 45 "$BIN" nccl-w1 --out "$RESULTS" --device "$DEVICE"
-    check kernels 75 "$BIN" kernels --out "$RESULTS" --device "$DEVICE"
-    check fused-step 120 "$BIN" fused-step --out "$RESULTS" --device "$DEVICE" --elements "$ELEMENTS"
+    check nccl-w1 40 "$BIN" nccl-w1 --out "$RESULTS" --device "$DEVICE"
+    check kernels 65 "$BIN" kernels --out "$RESULTS" --device "$DEVICE"
+    check fused-step 100 "$BIN" fused-step --out "$RESULTS" --device "$DEVICE" --elements "$ELEMENTS"
+    check ddp-step 50 "$BIN" ddp-step --out "$RESULTS" --device "$DEVICE"
 fi
-check torch-adamw 50 "$PY" "$HERE/fused_adamw_torch.py" --out "$RESULTS" --device "$DEVICE" --elements "$ELEMENTS"
+check torch-adamw 40 "$PY" "$HERE/fused_adamw_torch.py" --out "$RESULTS" --device "$DEVICE" --elements "$ELEMENTS"
 rm -rf "$LIBDIR"
 
 # --- Report --------------------------------------------------------------------------------

@@ -38,6 +38,6 @@ pub use env::RankInfo;
 pub use error::{CommError, Result};
 pub use init::{Group, connect, init};
 #[cfg(feature = "cuda")]
-pub use nccl::{DeviceBuffer, NcclCommunicator};
+pub use nccl::{DeviceBuffer, InPlaceGroup, InPlaceOp, NcclCommunicator, RawSlice};
 pub use op::{OpDesc, OpKind, human_bytes};
 pub use reduce::chunk_range;

@@ -7,6 +7,8 @@
 //!   kernels     burn-dist-kernels' kernel checks on cubecl's CUDA runtime, bf16 included
 //!   fused-step  the fused ZeroAdam step at --elements (default 2^30) f32 parameters, timed,
 //!               next to a device copy and Burn's stock AdamW on burn-cuda
+//!   ddp-step    a transformer training step with the in-place NCCL reducer at world size 1
+//!               against the same backend unsynchronized: overhead, parameters equal
 //! ```
 //!
 //! Every result is one JSON line appended to `--out` (default `gpu-check.jsonl`) as soon as it
@@ -20,6 +22,8 @@ use std::process::ExitCode;
 mod report;
 
 #[cfg(feature = "cuda")]
+mod ddp_step;
+#[cfg(feature = "cuda")]
 mod fused_step;
 #[cfg(feature = "cuda")]
 mod kernels;
@@ -29,12 +33,14 @@ mod libraries;
 mod nccl_w1;
 
 const USAGE: &str = "\
-usage: burn-dist-gpu-check <nccl-w1 | kernels | fused-step> [--out FILE] [--device N] [--elements N]
+usage: burn-dist-gpu-check <nccl-w1 | kernels | fused-step | ddp-step> [--out FILE] [--device N] [--elements N]
 
   nccl-w1     NCCL communicator at world size 1 (loopback store), every collective x dtype
   kernels     the fused-kernel checks on the CUDA runtime, bf16 included
   fused-step  timing of the fused step at --elements f32 (default 1073741824) vs copy and
               Burn's AdamW
+  ddp-step    transformer step with the in-place NCCL reducer (world size 1) vs without:
+              overhead, and the parameters agree
 
 Results: one JSON line per result, appended to --out (default gpu-check.jsonl).";
 
@@ -109,6 +115,7 @@ fn run(check: &str, options: &Options) -> ExitCode {
         "nccl-w1" => nccl_w1::run(&mut report, options),
         "kernels" => kernels::run(&mut report, options),
         "fused-step" => fused_step::run(&mut report, options),
+        "ddp-step" => ddp_step::run(&mut report, options),
         other => {
             eprintln!("burn-dist-gpu-check: unknown check {other:?}\n{USAGE}");
             return ExitCode::from(2);

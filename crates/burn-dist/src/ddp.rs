@@ -70,6 +70,57 @@ impl Ddp {
         ))
     }
 
+    /// Joins the job described by the environment, like [`Ddp::init`], and reduces gradients
+    /// with NCCL in place on the GPU `device` (one rank per GPU; usually `LOCAL_RANK`), for
+    /// `Autodiff<DistributedBackend<CubeBackend<CudaRuntime, ..>>>` (burn-cuda without fusion).
+    ///
+    /// Bucket gradients are never copied through the host: when a bucket's gradients are all
+    /// in, one NCCL group of per-tensor averages runs on the gradients' own memory (docs/gpu.md,
+    /// "The in-place path"). Small control collectives (the usage bitmap, the bucket order, the
+    /// model check and broadcast of `prepare`) and [`Ddp::communicator`] stay on the host
+    /// communicator of the same group. ZeRO stage 2 ([`Ddp::shard_gradients`]) still reduces
+    /// through the host. Fails, naming the library, when libcuda or libnccl cannot be loaded.
+    #[cfg(feature = "cuda")]
+    pub fn init_nccl(config: DdpConfig, device: &crate::CudaDevice) -> Result<Ddp> {
+        let group = burn_dist_comm::init(CommConfig::default())?;
+        Ddp::with_nccl(group, config, device)
+    }
+
+    /// [`Ddp::init_nccl`] on a group already joined (e.g. `Group::join` with a `RankInfo`
+    /// built by hand): its NCCL communicator is created on GPU `device` through the group's
+    /// store, and the reducer is installed for the whole process.
+    #[cfg(feature = "cuda")]
+    pub fn with_nccl(group: Group, config: DdpConfig, device: &crate::CudaDevice) -> Result<Ddp> {
+        let comm_config = match group.info.timeout {
+            Some(timeout) => CommConfig::default().with_timeout(timeout),
+            None => CommConfig::default(),
+        };
+        let nccl = burn_dist_comm::NcclCommunicator::new(
+            &group.store,
+            group.info.rank,
+            group.info.world_size,
+            device.index,
+            &comm_config,
+        )?;
+        let ddp = Ddp::new(group.comm.clone(), config, Scope::Process, Some(group));
+        lock(&ddp.reducer).use_device(crate::cuda::DeviceStore::new(
+            Arc::new(nccl),
+            device.clone(),
+        ));
+        Ok(ddp)
+    }
+
+    /// Whether this rank reduces gradients in place on the GPU (NCCL, [`Ddp::init_nccl`]).
+    pub fn reduces_on_device(&self) -> bool {
+        lock(&self.reducer).reduces_on_device()
+    }
+
+    /// Device path: how many times the reducer has waited on the host for the compute stream
+    /// (once per launch of ready buckets; see docs/gpu.md). 0 on the host path.
+    pub fn device_syncs(&self) -> u64 {
+        lock(&self.reducer).device_syncs()
+    }
+
     /// A rank of an in-process group (threads as ranks): the reducer serves the calling thread
     /// only, so each thread must build and train its own model.
     pub fn for_thread(comm: HostCommunicator, config: DdpConfig) -> Ddp {
@@ -148,7 +199,12 @@ impl Ddp {
             .iter()
             .map(|p| (distributed_id(p.id), p.numel()))
             .collect();
-        lock(&self.reducer).register(&ids);
+        let dtypes = self.params.iter().map(|p| p.dtype).collect();
+        {
+            let mut reducer = lock(&self.reducer);
+            reducer.register(&ids);
+            reducer.set_dtypes(dtypes);
+        }
         Ok(self.mark(model))
     }
 

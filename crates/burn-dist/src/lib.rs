@@ -30,6 +30,8 @@
 mod backend;
 pub mod bucket;
 mod context;
+#[cfg(feature = "cuda")]
+mod cuda;
 mod ddp;
 mod error;
 pub mod flat;
@@ -57,3 +59,14 @@ pub use sharded::GradientShard;
 
 #[doc(hidden)]
 pub use backend::FORWARDED;
+
+/// The backend whose gradients the NCCL reducer ([`Ddp::init_nccl`]) reduces in place:
+/// burn-cuda without fusion. Train with `Autodiff<DistributedBackend<CudaBackend>>`.
+#[cfg(feature = "cuda")]
+pub type CudaBackend = cuda::Cube;
+/// Its device (the same type as `burn_cuda::CudaDevice`).
+#[cfg(feature = "cuda")]
+pub use burn_cubecl::cubecl::cuda::CudaDevice;
+#[cfg(feature = "cuda")]
+#[doc(hidden)]
+pub use cuda::{device_address, private_copies};

@@ -19,6 +19,12 @@
 //! Parameters unused on this rank contribute zeros; a usage bitmap (max all-reduce, issued at
 //! the start of the communicating backward) tells every rank which parameters were used on none,
 //! and those get no gradient anywhere.
+//!
+//! Where the gradients wait and how a bucket is reduced is the one part that differs between
+//! the host path (flat f32 host buffers, host communicator) and the in-place CUDA path (the
+//! gradients' own device memory, NCCL; feature `cuda`, `crate::cuda`): `Store`. The state
+//! machine around it is the same for both. Small control collectives (the usage bitmap, rank
+//! 0's ready order) always go through the host communicator of the same group.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -55,6 +61,58 @@ pub enum ReducerEvent {
 
 type Observer = Box<dyn FnMut(&mut Reducer, ReducerEvent) + Send>;
 
+/// Where the bucket gradients of the window wait, and how a bucket is reduced: the part that
+/// differs between the host and the device path. Copy-in ([`Reducer::receive`]), launch
+/// ([`Reducer::launch_ready`]) and wait ([`Reducer::wait_bucket`]) each match on it once.
+enum Store {
+    /// Per bucket: the window's local sum in a flat f32 host buffer, then (after `finish`) the
+    /// reduced mean; reduced by the host communicator. Under ZeRO-2 a backward's local
+    /// gradients only, allocated when needed and handed to the reduction.
+    Host(Vec<Vec<f32>>),
+    /// Per parameter: its gradient tensor on the GPU, reduced in place by NCCL.
+    #[cfg(feature = "cuda")]
+    Device(crate::cuda::DeviceStore),
+}
+
+impl Store {
+    /// The host buffers, on the host path.
+    fn host(&self) -> Option<&[Vec<f32>]> {
+        match self {
+            Store::Host(buffers) => Some(buffers),
+            #[cfg(feature = "cuda")]
+            Store::Device(_) => None,
+        }
+    }
+}
+
+/// A launched bucket's reduction.
+enum InFlight {
+    Host(Pending<HostBuffer>),
+    #[cfg(feature = "cuda")]
+    Device(Pending<()>),
+}
+
+/// A final gradient as the hook hands it over.
+pub(crate) enum Incoming<'a> {
+    /// Read to the host and flattened to f32 (host path).
+    Host(&'a [f32]),
+    /// The gradient tensor itself (device path).
+    #[cfg(feature = "cuda")]
+    Device(Box<crate::cuda::CudaTensor>),
+}
+
+impl Incoming<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Incoming::Host(values) => values.len(),
+            #[cfg(feature = "cuda")]
+            Incoming::Device(tensor) => {
+                burn_backend::TensorMetadata::shape(tensor.as_ref()).num_elements()
+            }
+        }
+    }
+}
+
 /// State of the backward in progress.
 struct Step {
     /// Whether the buckets are reduced in this backward (the window's last micro-batch, or
@@ -68,7 +126,7 @@ struct Step {
     remaining: Vec<usize>,
     /// Buckets launched so far (always a prefix of the layout).
     launched: usize,
-    pending: Vec<Option<Pending<HostBuffer>>>,
+    pending: Vec<Option<InFlight>>,
     usage: Option<Pending<HostBuffer>>,
     ready_order: Vec<usize>,
     /// Where each arrived gradient lives in Burn's container (an erased `*mut FloatTensor`).
@@ -79,6 +137,9 @@ struct Step {
 pub(crate) struct Finished {
     /// (parameter, erased pointer to its gradient in Burn's container).
     pub targets: Vec<(usize, usize)>,
+    /// ZeRO-2 on the device path: the targets' local gradients are to be released (their
+    /// reduction is in the owners' shards), not written.
+    pub release: bool,
 }
 
 pub struct Reducer {
@@ -92,9 +153,8 @@ pub struct Reducer {
     rebuilt: bool,
     accumulation: usize,
     micro_batch: usize,
-    /// Per bucket: the window's local sum, then (after `finish`) the reduced mean. Under ZeRO-2
-    /// a backward's local gradients only, allocated when needed and handed to the reduction.
-    buffers: Vec<Vec<f32>>,
+    /// The bucket gradients: host buffers or device tensors.
+    store: Store,
     /// ZeRO-2's gradient shard, when the optimizer state is sharded.
     sharded: Option<ShardedGradients>,
     written: Vec<bool>,
@@ -132,7 +192,7 @@ impl Reducer {
             rebuilt: false,
             accumulation: accumulation.max(1),
             micro_batch: 0,
-            buffers: Vec::new(),
+            store: Store::Host(Vec::new()),
             sharded: None,
             written: Vec::new(),
             arrived_last: Vec::new(),
@@ -158,6 +218,10 @@ impl Reducer {
             .map(|(i, &(id, _))| (id, i))
             .collect();
         self.set_layout(Layout::initial(&self.numels, &self.config));
+        #[cfg(feature = "cuda")]
+        if let Store::Device(device) = &mut self.store {
+            device.register(vec![burn::tensor::DType::F32; params.len()]);
+        }
         self.rebuilt = false;
         self.sharded = None;
         self.micro_batch = 0;
@@ -186,7 +250,12 @@ impl Reducer {
         }
         let layout = Layout::flat_ordered(&self.numels, &self.config);
         self.set_layout(layout);
-        self.buffers.iter_mut().for_each(|b| *b = Vec::new());
+        match &mut self.store {
+            Store::Host(buffers) => buffers.iter_mut().for_each(|b| *b = Vec::new()),
+            // Gradients stay in Burn's tensors; each is reduced in pieces to the owners.
+            #[cfg(feature = "cuda")]
+            Store::Device(_) => {}
+        }
         self.sharded = Some(ShardedGradients::new(flat, self.comm.rank(), &self.layout));
         // Frozen: the owners' ranges are fixed, so the layout is never rebuilt.
         self.next_layout = None;
@@ -217,8 +286,13 @@ impl Reducer {
     /// Gradient elements the reducer holds now: the bucket buffers and, under ZeRO-2, the
     /// shard.
     pub fn gradient_elements_held(&self) -> usize {
-        self.buffers.iter().map(Vec::len).sum::<usize>()
-            + self.sharded.as_ref().map_or(0, ShardedGradients::held)
+        let buckets = match &self.store {
+            Store::Host(buffers) => buffers.iter().map(Vec::len).sum::<usize>(),
+            // The gradients stay in Burn's tensors; the reducer holds no buffer of its own.
+            #[cfg(feature = "cuda")]
+            Store::Device(_) => 0,
+        };
+        buckets + self.sharded.as_ref().map_or(0, ShardedGradients::held)
     }
 
     /// ZeRO-2's flat layout, when gradients are sharded.
@@ -227,7 +301,13 @@ impl Reducer {
     }
 
     fn set_layout(&mut self, layout: Layout) {
-        self.buffers = layout.buckets.iter().map(|b| vec![0.0; b.len]).collect();
+        match &mut self.store {
+            Store::Host(buffers) => {
+                *buffers = layout.buckets.iter().map(|b| vec![0.0; b.len]).collect();
+            }
+            #[cfg(feature = "cuda")]
+            Store::Device(device) => device.begin_window(self.numels.len()),
+        }
         self.written = vec![false; self.numels.len()];
         self.used_in_window = vec![false; self.numels.len()];
         self.layout = layout;
@@ -236,6 +316,49 @@ impl Reducer {
     /// The rank's communicator.
     pub(crate) fn comm(&self) -> Arc<HostCommunicator> {
         self.comm.clone()
+    }
+
+    /// From now on reduce gradients in place on the GPU with `device` (NCCL), instead of through
+    /// host buffers. Call it before `register`.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn use_device(&mut self, device: crate::cuda::DeviceStore) {
+        self.store = Store::Device(device);
+    }
+
+    /// Whether gradients are reduced in place on the GPU (the NCCL path).
+    pub fn reduces_on_device(&self) -> bool {
+        match &self.store {
+            Store::Host(_) => false,
+            #[cfg(feature = "cuda")]
+            Store::Device(_) => true,
+        }
+    }
+
+    /// Device path: how many times the reducer has blocked the host until the compute stream
+    /// drained (once per launch of ready buckets; 0 on the host path).
+    pub fn device_syncs(&self) -> u64 {
+        match &self.store {
+            Store::Host(_) => 0,
+            #[cfg(feature = "cuda")]
+            Store::Device(device) => device.syncs,
+        }
+    }
+
+    /// The device path's store, when it is in use.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn device_store(&mut self) -> Option<&mut crate::cuda::DeviceStore> {
+        match &mut self.store {
+            Store::Device(device) => Some(device),
+            Store::Host(_) => None,
+        }
+    }
+
+    /// The parameters' dtypes (visit order), which the device path reduces them in.
+    pub(crate) fn set_dtypes(&mut self, _dtypes: Vec<burn::tensor::DType>) {
+        #[cfg(feature = "cuda")]
+        if let Store::Device(device) = &mut self.store {
+            device.register(_dtypes);
+        }
     }
 
     pub fn layout(&self) -> &Layout {
@@ -278,6 +401,10 @@ impl Reducer {
             self.written.fill(false);
             self.used_in_window.fill(false);
             self.used_anywhere = None;
+            #[cfg(feature = "cuda")]
+            if let Store::Device(device) = &mut self.store {
+                device.begin_window(self.numels.len());
+            }
             if let Some(sharded) = self.sharded.as_mut() {
                 sharded.begin_window();
             }
@@ -319,8 +446,7 @@ impl Reducer {
             targets: vec![None; n],
         });
         // Buckets with nothing expected on this rank are ready at once.
-        self.launch_ready();
-        Ok(())
+        self.launch_ready()
     }
 
     /// The final gradient of `id` for this backward, flattened to f32; `target` is where it lives.
@@ -330,12 +456,23 @@ impl Reducer {
         values: &[f32],
         target: usize,
     ) -> Result<(), DistError> {
+        self.receive(id, Incoming::Host(values), target)
+    }
+
+    /// The final gradient of `id` for this backward; `target` is where it lives in Burn's
+    /// container.
+    pub(crate) fn receive(
+        &mut self,
+        id: DistributedParamId,
+        incoming: Incoming<'_>,
+        target: usize,
+    ) -> Result<(), DistError> {
         let p = self.index(id)?;
-        if values.len() != self.numels[p] {
+        if incoming.len() != self.numels[p] {
             return Err(DistError::GradientShape {
                 param: p,
                 expected: self.numels[p],
-                got: values.len(),
+                got: incoming.len(),
             });
         }
         let step = self.step.as_ref().ok_or(DistError::NoBackward)?;
@@ -343,16 +480,31 @@ impl Reducer {
             return Err(DistError::DuplicateGradient { param: p });
         }
         let (b, offset) = self.layout.slot[p];
-        self.ensure_buffer(b);
-        let slot = &mut self.buffers[b][offset..offset + values.len()];
-        if self.written[p] {
-            slot.iter_mut().zip(values).for_each(|(s, v)| *s += v);
-        } else {
-            slot.copy_from_slice(values);
-            self.written[p] = true;
+        match (&mut self.store, incoming) {
+            (Store::Host(buffers), Incoming::Host(values)) => {
+                ensure_buffer(buffers, b, &self.layout, self.sharded.is_some());
+                let slot = &mut buffers[b][offset..offset + values.len()];
+                if self.written[p] {
+                    slot.iter_mut().zip(values).for_each(|(s, v)| *s += v);
+                } else {
+                    slot.copy_from_slice(values);
+                }
+                self.stats.bytes_copied += (values.len() * 4) as u64;
+            }
+            #[cfg(feature = "cuda")]
+            (Store::Device(device), Incoming::Device(tensor)) => {
+                device.put(p, *tensor, self.written[p])?;
+            }
+            #[cfg(feature = "cuda")]
+            (Store::Host(_), Incoming::Device(_)) | (Store::Device(_), Incoming::Host(_)) => {
+                return Err(DistError::Usage(format!(
+                    "parameter #{p}: its gradient was handed to the wrong reduction path (host \
+                     or device); the path changed during a backward"
+                )));
+            }
         }
+        self.written[p] = true;
         self.used_in_window[p] = true;
-        self.stats.bytes_copied += (values.len() * 4) as u64;
         let step = self.step.as_mut().expect("checked above");
         step.arrived[p] = true;
         step.targets[p] = Some(target);
@@ -361,7 +513,7 @@ impl Reducer {
             step.remaining[b] -= 1;
         }
         let last = step.remaining.iter().all(|&r| r == 0);
-        self.launch_ready();
+        self.launch_ready()?;
         if let Some(mut observer) = self.observer.take() {
             observer(self, ReducerEvent::Gradient { param: p, last });
             self.observer = Some(observer);
@@ -369,48 +521,64 @@ impl Reducer {
         Ok(())
     }
 
-    /// Under ZeRO-2 bucket buffers live only from a backward's first gradient into them to
-    /// their reduction.
-    fn ensure_buffer(&mut self, b: usize) {
-        if self.sharded.is_some() && self.buffers[b].is_empty() {
-            self.buffers[b] = vec![0.0; self.layout.buckets[b].len];
-        }
-    }
-
     /// Launches, in layout order, every bucket whose gradients are all in.
-    fn launch_ready(&mut self) {
+    fn launch_ready(&mut self) -> Result<(), DistError> {
         let Some(step) = self.step.as_ref() else {
-            return;
+            return Ok(());
         };
         if !step.reduce {
-            return;
+            return Ok(());
         }
-        while let Some(step) = self.step.as_ref()
-            && step.launched < self.layout.buckets.len()
-            && step.remaining[step.launched] == 0
-        {
-            let b = step.launched;
-            self.ensure_buffer(b);
-            let bucket = &self.layout.buckets[b];
-            // Parameters this rank never produced a gradient for in the window contribute zeros.
-            for (&p, &offset) in bucket.params.iter().zip(&bucket.offsets) {
-                if !self.written[p] {
-                    self.buffers[b][offset..offset + self.numels[p]].fill(0.0);
-                }
+        let first = step.launched;
+        let ready = step.remaining[first..]
+            .iter()
+            .take_while(|&&r| r == 0)
+            .count();
+        if ready == 0 {
+            return Ok(());
+        }
+        let launched: Vec<InFlight> = match &mut self.store {
+            Store::Host(buffers) => (first..first + ready)
+                .map(|b| {
+                    ensure_buffer(buffers, b, &self.layout, self.sharded.is_some());
+                    let bucket = &self.layout.buckets[b];
+                    // Parameters this rank never produced a gradient for in the window
+                    // contribute zeros.
+                    for (&p, &offset) in bucket.params.iter().zip(&bucket.offsets) {
+                        if !self.written[p] {
+                            buffers[b][offset..offset + self.numels[p]].fill(0.0);
+                        }
+                    }
+                    let buffer = HostBuffer::F32(std::mem::take(&mut buffers[b]));
+                    InFlight::Host(match &self.sharded {
+                        Some(sharded) => self.comm.reduce_scatter_counts(
+                            buffer,
+                            ReduceOp::Avg,
+                            sharded.counts(b),
+                        ),
+                        None => self.comm.all_reduce(buffer, ReduceOp::Avg),
+                    })
+                })
+                .collect(),
+            // Parameters this rank never produced a gradient for get device zeros there.
+            #[cfg(feature = "cuda")]
+            Store::Device(device) => {
+                let buckets: Vec<_> = self.layout.buckets[first..first + ready].iter().collect();
+                let owners = self.sharded.as_ref().map(ShardedGradients::flat);
+                device
+                    .launch(&buckets, &self.written, &self.numels, owners)?
+                    .into_iter()
+                    .map(InFlight::Device)
+                    .collect()
             }
-            let buffer = HostBuffer::F32(std::mem::take(&mut self.buffers[b]));
-            let pending = match &self.sharded {
-                Some(sharded) => {
-                    self.comm
-                        .reduce_scatter_counts(buffer, ReduceOp::Avg, sharded.counts(b))
-                }
-                None => self.comm.all_reduce(buffer, ReduceOp::Avg),
-            };
-            let step = self.step.as_mut().expect("a step in progress");
+        };
+        let step = self.step.as_mut().expect("a step in progress");
+        for (b, pending) in (first..).zip(launched) {
             step.pending[b] = Some(pending);
             self.stats.collectives += 1;
             step.launched += 1;
         }
+        Ok(())
     }
 
     /// Waits for bucket `b`'s reduction if it has been launched; returns whether it had been.
@@ -421,14 +589,34 @@ impl Reducer {
         if b >= step.launched {
             return Ok(false);
         }
-        if let Some(pending) = step.pending[b].take() {
-            let HostBuffer::F32(reduced) = pending.wait()? else {
-                unreachable!("an f32 reduction returns f32")
-            };
-            match self.sharded.as_mut() {
-                Some(sharded) => sharded.add_segment(b, &reduced, self.micro_batch == 0),
-                None => self.buffers[b] = reduced,
+        match step.pending[b].take() {
+            Some(InFlight::Host(pending)) => {
+                let HostBuffer::F32(reduced) = pending.wait()? else {
+                    unreachable!("an f32 reduction returns f32")
+                };
+                match (self.sharded.as_mut(), &mut self.store) {
+                    (Some(sharded), _) => {
+                        sharded.add_segment(b, &reduced, self.micro_batch == 0);
+                    }
+                    (None, Store::Host(buffers)) => buffers[b] = reduced,
+                    #[cfg(feature = "cuda")]
+                    (None, Store::Device(_)) => unreachable!("host reductions run on the host"),
+                }
             }
+            // Reduced in place: the tensors the store holds are the result. Under ZeRO-2 this
+            // rank's pieces of them are its segment of the bucket.
+            #[cfg(feature = "cuda")]
+            Some(InFlight::Device(pending)) => {
+                pending.wait()?;
+                if let (Some(sharded), Store::Device(device)) =
+                    (self.sharded.as_mut(), &mut self.store)
+                {
+                    let bucket = &self.layout.buckets[b];
+                    let segment = device.owned_segment(bucket, sharded.flat(), self.comm.rank())?;
+                    sharded.add_segment(b, &segment, self.micro_batch == 0);
+                }
+            }
+            None => {}
         }
         Ok(true)
     }
@@ -459,16 +647,30 @@ impl Reducer {
             tracing::warn!("some expected gradients did not arrive; reducing zeros for them");
             step.remaining.fill(0);
         }
-        self.launch_ready();
+        self.launch_ready()?;
         for b in 0..self.layout.buckets.len() {
             self.wait_bucket(b)?;
         }
         let mut step = self.step.take().expect("a step in progress");
+        // ZeRO-2 on the device: the local gradients were reduced where they live; they can go
+        // once the owners have their pieces (the host path releases them in the hook).
+        let release = self.sharded.is_some() && self.reduces_on_device();
+        let released = || {
+            step.targets
+                .iter()
+                .enumerate()
+                .filter_map(|(p, t)| t.map(|t| (p, t)))
+                .collect::<Vec<_>>()
+        };
         if !step.window_end {
             // ZeRO-2 mid-window: this micro-batch is in the shard; nothing to write back.
             self.micro_batch += 1;
-            return Ok(None);
+            return Ok(release.then(|| Finished {
+                targets: released(),
+                release,
+            }));
         }
+        let released = if release { released() } else { Vec::new() };
         let usage = step
             .usage
             .take()
@@ -485,7 +687,7 @@ impl Reducer {
             // The optimizer takes the shard; Burn's container keeps no reduced gradient.
             Some(sharded) => {
                 sharded.end_window(self.accumulation);
-                Vec::new()
+                released
             }
             None => step
                 .targets
@@ -495,7 +697,7 @@ impl Reducer {
                 .collect(),
         };
         self.micro_batch = 0;
-        Ok(Some(Finished { targets }))
+        Ok(Some(Finished { targets, release }))
     }
 
     /// See `Ddp::adopt_bucket_order`.
@@ -550,7 +752,12 @@ impl Reducer {
         }
         let (b, offset) = self.layout.slot[p];
         let scale = 1.0 / self.accumulation as f32;
-        let values = &self.buffers[b][offset..offset + self.numels[p]];
+        #[cfg(feature = "cuda")]
+        if let Store::Device(device) = &self.store {
+            return device.read(p, self.window_scale());
+        }
+        let buffers = self.store.host()?;
+        let values = &buffers[b][offset..offset + self.numels[p]];
         Some(if self.accumulation == 1 {
             values.to_vec()
         } else {
@@ -558,8 +765,34 @@ impl Reducer {
         })
     }
 
+    /// After a communicating backward on the device path: the reduced gradient of `p` (the
+    /// mean over ranks and micro-batches), taken, for the write-back.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn take_device_gradient(&mut self, p: usize) -> Option<crate::cuda::CudaTensor> {
+        let scale = self.window_scale();
+        self.device_store()?.take(p, scale)
+    }
+
+    /// What the window's sum over micro-batches is multiplied by to make it their mean.
+    #[cfg(feature = "cuda")]
+    fn window_scale(&self) -> f32 {
+        if self.accumulation == 1 {
+            1.0
+        } else {
+            1.0 / self.accumulation as f32
+        }
+    }
+
     /// The layout the next window will use (after the first step, the rebuilt one).
     pub fn next_layout(&self) -> &Layout {
         self.next_layout.as_ref().unwrap_or(&self.layout)
+    }
+}
+
+/// Under ZeRO-2 bucket buffers live only from a backward's first gradient into them to their
+/// reduction.
+fn ensure_buffer(buffers: &mut [Vec<f32>], b: usize, layout: &Layout, sharded: bool) {
+    if sharded && buffers[b].is_empty() {
+        buffers[b] = vec![0.0; layout.buckets[b].len];
     }
 }

@@ -5,6 +5,12 @@
 //! the `Gradients` container, valid until that container is dropped), and `on_backward_end`
 //! before `backward()` returns, where the reduced gradients are written back in place.
 //!
+//! With the NCCL reducer (feature `cuda`, `Ddp::init_nccl`) a burn-cuda gradient is not read:
+//! the hook hands the tensor itself to the reducer, which reduces it in place on the GPU
+//! (`crate::cuda`); every other backend, and every reducer on the host communicator, takes the
+//! host path. Rust has no specialization, so the hook recognizes burn-cuda's primitive with an
+//! `Any` downcast.
+//!
 //! The hooks cannot return errors. Under `Ddp::backward` an error is kept and returned from
 //! there; in a plain `loss.backward()` it panics with the reason, because training on with
 //! unsynchronized gradients would silently diverge the replicas.
@@ -48,6 +54,10 @@ pub(crate) fn on_gradient_ready<B: Backend>(
     let Some(shared) = context::current() else {
         return;
     };
+    #[cfg(feature = "cuda")]
+    if lock(&shared).reduces_on_device() {
+        return on_device_gradient::<B>(&shared, tensor.0, params);
+    }
     // Read before locking: on an accelerator this waits for the kernels that produced it.
     // SAFETY: Burn hands us a pointer into its live gradient container and does not touch that
     // entry again during this backward (the gradient is final).
@@ -71,6 +81,38 @@ pub(crate) fn on_gradient_ready<B: Backend>(
         ))),
         Err(e) => Err(DistError::Usage(format!(
             "reading a gradient from the device: {e:?}"
+        ))),
+    };
+    if let Err(error) = result {
+        report(&mut reducer, error);
+    }
+}
+
+/// The device path's hook: the gradient tensor goes to the reducer as it is (or as a private
+/// contiguous copy, see `cuda::in_place_gradient`).
+#[cfg(feature = "cuda")]
+fn on_device_gradient<B: Backend>(
+    shared: &crate::context::SharedReducer,
+    target: *mut B::FloatTensorPrimitive,
+    params: DistributedParams,
+) {
+    let mut reducer = lock(shared);
+    if reducer.hook_error.is_some() {
+        return;
+    }
+    // SAFETY: as in `on_gradient_ready`: a pointer into Burn's live container, at a final
+    // gradient.
+    let result = match unsafe { crate::cuda::in_place_gradient(target) } {
+        Some(tensor) => reducer.receive(
+            params.param_id,
+            crate::reducer::Incoming::Device(Box::new(tensor)),
+            target as usize,
+        ),
+        None => Err(DistError::Usage(format!(
+            "the NCCL reducer (`Ddp::init_nccl`) reduces burn-cuda gradients in place, on \
+             `DistributedBackend<CubeBackend<CudaRuntime, ..>>` (burn-cuda without fusion); this \
+             backend's gradients are `{}`: use `Ddp::init` for it",
+            std::any::type_name::<B::FloatTensorPrimitive>()
         ))),
     };
     if let Err(error) = result {
@@ -103,6 +145,28 @@ pub(crate) fn on_backward_end<B: Backend>(device: &B::Device) {
     }
     match reducer.finish() {
         Ok(None) => {}
+        // ZeRO-2 on the device: the reduced pieces are in the owners' shards now.
+        Ok(Some(finished)) if finished.release => {
+            for (_, target) in finished.targets {
+                release::<B>(target as *mut B::FloatTensorPrimitive);
+            }
+        }
+        #[cfg(feature = "cuda")]
+        Ok(Some(finished)) if reducer.reduces_on_device() => {
+            for (param, target) in finished.targets {
+                let target = target as *mut B::FloatTensorPrimitive;
+                match reducer.take_device_gradient(param) {
+                    // SAFETY: as in `on_gradient_ready`; only CUDA primitives reach here.
+                    Some(grad) => unsafe { crate::cuda::write_back(target, grad) },
+                    None => report(
+                        &mut reducer,
+                        DistError::Usage(format!(
+                            "parameter #{param}: no reduced gradient on the device"
+                        )),
+                    ),
+                }
+            }
+        }
         Ok(Some(finished)) => {
             for (param, target) in finished.targets {
                 let values = reducer

@@ -11,6 +11,7 @@ use cudarc::nccl::sys::{self, ncclComm_t, ncclConfig_t, ncclResult_t, ncclUnique
 
 use super::buffer::DeviceBuffer;
 use super::error::{check_libraries, cuda_error, nccl_error, nccl_result};
+use super::in_place::InPlaceGroup;
 use super::worker::{self, Backoff, Job, RawComm, Worker};
 
 use crate::algorithms::even_counts;
@@ -160,6 +161,25 @@ impl NcclCommunicator {
                 .map_err(|e| self.cuda("copying a buffer to the host", e))?;
         }
         Ok(host)
+    }
+
+    /// Runs `group`'s calls as one NCCL group, in place on memory this communicator does not
+    /// own, after every collective issued before it (same comm stream, issue order). The
+    /// group's `keep_alive` is dropped on the NCCL thread when the calls have completed or
+    /// failed, before the `Pending` is answered. Argument errors (a reduction on u8, a root
+    /// outside the group, a null address) abort the group, as for the other collectives.
+    ///
+    /// The comm stream does not wait for any other stream: the caller must make sure the
+    /// memory holds its final values before calling this (e.g. by synchronizing the stream
+    /// that wrote it).
+    ///
+    /// # Safety
+    ///
+    /// Every slice must be `len` elements of `dtype` of live device memory on this
+    /// communicator's GPU (in the primary context), and nothing may read or write it from the
+    /// call until the `Pending` is answered; `keep_alive` must keep it allocated until dropped.
+    pub unsafe fn in_place(&self, group: InPlaceGroup) -> Pending<()> {
+        self.submit(|done| Job::InPlace(group, done))
     }
 
     fn cuda(&self, what: &str, err: cudarc::driver::DriverError) -> CommError {

@@ -5,8 +5,8 @@
 //!   allocation on this rank's GPU. Every collective runs in place on it (reduce-scatter hands
 //!   back the same allocation narrowed to this rank's chunk; all-gather widens a shard back in
 //!   place when it can). `NcclCommunicator::upload` and `NcclCommunicator::download` move
-//!   data between host and device; taking the device pointer of a Burn/cubecl tensor is not
-//!   done yet (docs/gpu.md, "Pending").
+//!   data between host and device. `NcclCommunicator::in_place` runs a group of calls on
+//!   memory it does not own (Burn/cubecl tensors: burn-dist's device reducer).
 //! - **Streams.** One dedicated comm stream per communicator, on the device's primary context
 //!   (the one cubecl-cuda uses). Collectives run on it in issue order.
 //! - **Chunks.** Exactly the host communicator's: rank `q` owns
@@ -34,6 +34,8 @@ mod buffer;
 mod communicator;
 #[cfg(feature = "cuda")]
 mod error;
+#[cfg(feature = "cuda")]
+mod in_place;
 pub(crate) mod plan;
 #[cfg(feature = "cuda")]
 mod worker;
@@ -42,3 +44,5 @@ mod worker;
 pub use buffer::DeviceBuffer;
 #[cfg(feature = "cuda")]
 pub use communicator::NcclCommunicator;
+#[cfg(feature = "cuda")]
+pub use in_place::{InPlaceGroup, InPlaceOp, RawSlice};

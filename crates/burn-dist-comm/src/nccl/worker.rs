@@ -14,6 +14,7 @@ use cudarc::nccl::sys::{self, ncclComm_t, ncclDataType_t, ncclRedOp_t, ncclResul
 
 use super::buffer::DeviceBuffer;
 use super::error::{cuda_error, nccl_result};
+use super::in_place::{InPlaceGroup, InPlaceOp};
 use super::plan::{self, Call};
 use crate::algorithms::even_counts;
 use crate::communicator::{check_counts, check_reduce};
@@ -38,6 +39,8 @@ pub(crate) enum Job {
     AllGather(DeviceBuffer, usize, Sender<Result<DeviceBuffer>>),
     Broadcast(DeviceBuffer, usize, Sender<Result<DeviceBuffer>>),
     Barrier(Sender<Result<()>>),
+    /// Grouped calls on memory the caller owns (see `in_place`).
+    InPlace(InPlaceGroup, Sender<Result<()>>),
 }
 
 impl Job {
@@ -49,6 +52,10 @@ impl Job {
             | Job::AllGather(.., tx)
             | Job::Broadcast(.., tx) => _ = tx.send(Err(error)),
             Job::Barrier(tx) => _ = tx.send(Err(error)),
+            Job::InPlace(group, tx) => {
+                drop(group);
+                _ = tx.send(Err(error));
+            }
         }
     }
 }
@@ -57,6 +64,8 @@ impl Job {
 enum Done {
     Buffer(DeviceBuffer, Sender<Result<DeviceBuffer>>),
     Unit(Sender<Result<()>>),
+    /// An in-place group: its memory is released before the caller hears of it.
+    Released(Box<dyn std::any::Any + Send>, Sender<Result<()>>),
 }
 
 impl Done {
@@ -64,6 +73,10 @@ impl Done {
         match self {
             Done::Buffer(buf, tx) => _ = tx.send(result.map(|()| buf)),
             Done::Unit(tx) => _ = tx.send(result),
+            Done::Released(keep_alive, tx) => {
+                drop(keep_alive);
+                _ = tx.send(result);
+            }
         }
     }
 }
@@ -207,6 +220,10 @@ impl Worker {
                 self.issue_barrier(op, tx);
                 return;
             }
+            Job::InPlace(group, tx) => {
+                self.issue_in_place(group, tx);
+                return;
+            }
         };
         self.seq += 1;
         let launched = prepared.and_then(|p| {
@@ -243,6 +260,113 @@ impl Worker {
                 _ = tx.send(Err(cause));
             }
         }
+    }
+
+    /// An in-place group: validated, launched as one NCCL group, completed like any other
+    /// collective (its memory released when it is done).
+    fn issue_in_place(&mut self, group: InPlaceGroup, tx: Sender<Result<()>>) {
+        let first = group.calls.first().map(|&(slice, op)| (slice.dtype, op));
+        let op = OpDesc {
+            kind: OpKind::AllReduce,
+            seq: self.seq,
+            dtype: first.map(|(dtype, _)| dtype),
+            reduce: first.map(|(_, op)| match op {
+                InPlaceOp::AllReduce(reduce) | InPlaceOp::Reduce { op: reduce, .. } => reduce,
+            }),
+            bytes: group.bytes(),
+        };
+        self.seq += 1;
+        let launched = self
+            .check_in_place(&op, &group)
+            .and_then(|()| self.launch_in_place(&op, &group));
+        match launched {
+            Ok(event) => self.push(op, event, Done::Released(group.keep_alive, tx)),
+            Err(cause) => {
+                // Abort first: calls enqueued before the failure must stop before the memory
+                // may be released.
+                let cause = self.fail(cause);
+                drop(group);
+                _ = tx.send(Err(cause));
+            }
+        }
+    }
+
+    fn check_in_place(&self, op: &OpDesc, group: &InPlaceGroup) -> Result<()> {
+        for (i, &(slice, call)) in group.calls.iter().enumerate() {
+            let (reduce, root) = match call {
+                InPlaceOp::AllReduce(reduce) => (reduce, None),
+                InPlaceOp::Reduce { root, op } => (op, Some(root)),
+            };
+            let desc = OpDesc {
+                dtype: Some(slice.dtype),
+                reduce: Some(reduce),
+                ..op.clone()
+            };
+            check_reduce(&desc, reduce).map_err(|e| self.on_this_rank(e))?;
+            if let Some(root) = root
+                && root >= self.world
+            {
+                return Err(self.invalid(
+                    op,
+                    format!("call {i}: root {root} is not a rank of {}", self.world),
+                ));
+            }
+            if slice.len > 0 && slice.ptr == 0 {
+                return Err(self.invalid(op, format!("call {i}: null device address")));
+            }
+        }
+        Ok(())
+    }
+
+    /// Enqueues the group's calls between `ncclGroupStart` and `ncclGroupEnd` (empty slices
+    /// are skipped), waits until NCCL has enqueued them, records the completion event.
+    fn launch_in_place(&self, op: &OpDesc, group: &InPlaceGroup) -> Result<CudaEvent> {
+        let (rank, comm) = (self.rank, self.comm.0);
+        let what = op.to_string();
+        let stream = self.stream.cu_stream() as sys::cudaStream_t;
+        let mut first_error = None;
+        let mut check = |code: ncclResult_t| {
+            if let Err(e) = nccl_result(rank, &what, code, Some(comm))
+                && first_error.is_none()
+            {
+                first_error = Some(e);
+            }
+        };
+        // SAFETY: the caller of `NcclCommunicator::in_place` promised that every slice is
+        // live device memory of its length on this GPU, used by nothing else until the
+        // completion event is seen (the owner object keeps it alive until then); the
+        // communicator is live.
+        unsafe {
+            check(sys::ncclGroupStart());
+            for &(slice, call) in group.calls.iter().filter(|(s, _)| s.len > 0) {
+                let at = slice.ptr as *mut c_void;
+                let dtype = nccl_dtype(slice.dtype);
+                check(match call {
+                    InPlaceOp::AllReduce(reduce) => {
+                        sys::ncclAllReduce(at, at, slice.len, dtype, nccl_op(reduce), comm, stream)
+                    }
+                    InPlaceOp::Reduce { root, op } => sys::ncclReduce(
+                        at,
+                        at,
+                        slice.len,
+                        dtype,
+                        nccl_op(op),
+                        root as i32,
+                        comm,
+                        stream,
+                    ),
+                });
+            }
+            // Always closed, even after a failed call: NCCL's groups must balance.
+            check(sys::ncclGroupEnd());
+        }
+        if let Some(e) = first_error {
+            return Err(e);
+        }
+        self.settle(&what)?;
+        self.stream
+            .record_event(None)
+            .map_err(|e| cuda_error(rank, &format!("recording the completion of {what}"), e))
     }
 
     fn push(&mut self, op: OpDesc, event: CudaEvent, done: Done) {
