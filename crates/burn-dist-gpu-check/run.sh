@@ -2,8 +2,10 @@
 # The burn-dist device check, on the GPU machine. `cargo xtask gpu-check` copies this script,
 # the binary and fused_adamw_torch.py into target-gpu/; run it from anywhere:
 #
-#     bash target-gpu/run.sh
+#     bash target-gpu/run.sh        # the core checks (NCCL, kernels, fused step, DDP step)
+#     bash target-gpu/run.sh gpt    # the end-to-end GPT-2 124M comparison with PyTorch
 #
+# The two suites are separate device calls, each under 5 minutes: run the core one first.
 # It finds libnccl and libnvrtc in the Python environment's nvidia-* packages, runs each check
 # under its own timeout (under 5 minutes in all: 295 s of limits), and writes
 #   $OUT/results.jsonl   one JSON line per result, written as soon as it is known
@@ -11,9 +13,14 @@
 #   $OUT/gpu-check.log   everything the checks printed
 # OUT defaults to target-gpu/out. Exit code: 0 when every result passed.
 #
+# The gpt suite: `gpt` (our stack, gpt-pretrain's model) and gpt2_torch.py (PyTorch eager, bf16
+# autocast, fused AdamW, SDPA), same shape, batch and sequence length: 200 + 80 s of limits.
+#
 # Environment: PYTHON (default python3, the one with torch and the nvidia-* packages),
 # ELEMENTS (fused-step size, default 1073741824), DEVICE (default 0).
 set -uo pipefail
+SUITE="${1:-core}"
+case "$SUITE" in core | gpt) ;; *) echo "usage: run.sh [core|gpt]" >&2; exit 2 ;; esac
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 OUT="${OUT:-$HERE/out}"
@@ -97,13 +104,19 @@ check() {
 
 if [ ! -x "$BIN" ]; then
     result setup fail "$BIN is missing: build it with cargo xtask gpu-check"
-else
+elif [ "$SUITE" = core ]; then
     check nccl-w1 40 "$BIN" nccl-w1 --out "$RESULTS" --device "$DEVICE"
     check kernels 65 "$BIN" kernels --out "$RESULTS" --device "$DEVICE"
     check fused-step 100 "$BIN" fused-step --out "$RESULTS" --device "$DEVICE" --elements "$ELEMENTS"
     check ddp-step 50 "$BIN" ddp-step --out "$RESULTS" --device "$DEVICE"
+else
+    check gpt 200 "$BIN" gpt --out "$RESULTS" --device "$DEVICE"
 fi
-check torch-adamw 40 "$PY" "$HERE/fused_adamw_torch.py" --out "$RESULTS" --device "$DEVICE" --elements "$ELEMENTS"
+if [ "$SUITE" = core ]; then
+    check torch-adamw 40 "$PY" "$HERE/fused_adamw_torch.py" --out "$RESULTS" --device "$DEVICE" --elements "$ELEMENTS"
+else
+    check torch-gpt 80 "$PY" "$HERE/gpt2_torch.py" --out "$RESULTS" --device "$DEVICE"
+fi
 rm -rf "$LIBDIR"
 
 # --- Report --------------------------------------------------------------------------------

@@ -90,7 +90,10 @@ pub fn run(report: &mut Report, options: &Options) {
             return report.fail("ddp-step/address", format!("panicked: {panic}"), json!({}));
         }
     }
-    let mut ddp = match join(&device) {
+    let buckets = burn_dist::BucketConfig::new()
+        .with_first_bucket_bytes(FIRST_BUCKET_BYTES)
+        .with_bucket_bytes(BUCKET_BYTES);
+    let mut ddp = match join(&device, DdpConfig::new().with_buckets(buckets)) {
         Ok(ddp) => ddp,
         Err(e) => return report.fail("ddp-step/init", e, json!({ "device": options.device })),
     };
@@ -247,7 +250,7 @@ fn views(ddp: &mut Ddp, device: &CudaDevice) -> Result<(crate::report::Status, F
 
 /// A world-size-1 group on loopback (as a real job joins, through a TCP store) and its NCCL
 /// reducer on `device`.
-fn join(device: &CudaDevice) -> Result<Ddp, String> {
+pub(crate) fn join(device: &CudaDevice, config: DdpConfig) -> Result<Ddp, String> {
     let port = TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map_err(|e| format!("finding a free loopback port: {e}"))?
@@ -265,11 +268,6 @@ fn join(device: &CudaDevice) -> Result<Ddp, String> {
     })
     .map_err(|e| e.to_string())?;
     let group = Group::join(info, &CommConfig::default()).map_err(|e| e.to_string())?;
-    let config = DdpConfig::new().with_buckets(
-        burn_dist::BucketConfig::new()
-            .with_first_bucket_bytes(FIRST_BUCKET_BYTES)
-            .with_bucket_bytes(BUCKET_BYTES),
-    );
     Ddp::with_nccl(group, config, device).map_err(|e| e.to_string())
 }
 

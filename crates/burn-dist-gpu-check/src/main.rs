@@ -9,6 +9,8 @@
 //!               next to a device copy and Burn's stock AdamW on burn-cuda
 //!   ddp-step    a transformer training step with the in-place NCCL reducer at world size 1
 //!               against the same backend unsynchronized: overhead, parameters equal
+//!   gpt         GPT-2 124M training steps with our stack (tokens/s, MFU), for the
+//!               comparison with gpt2_torch.py
 //! ```
 //!
 //! Every result is one JSON line appended to `--out` (default `gpu-check.jsonl`) as soon as it
@@ -26,6 +28,8 @@ mod ddp_step;
 #[cfg(feature = "cuda")]
 mod fused_step;
 #[cfg(feature = "cuda")]
+mod gpt;
+#[cfg(feature = "cuda")]
 mod kernels;
 #[cfg(feature = "cuda")]
 mod libraries;
@@ -33,7 +37,7 @@ mod libraries;
 mod nccl_w1;
 
 const USAGE: &str = "\
-usage: burn-dist-gpu-check <nccl-w1 | kernels | fused-step | ddp-step> [--out FILE] [--device N] [--elements N]
+usage: burn-dist-gpu-check <nccl-w1 | kernels | fused-step | ddp-step | gpt> [--out FILE] [--device N] [--elements N]
 
   nccl-w1     NCCL communicator at world size 1 (loopback store), every collective x dtype
   kernels     the fused-kernel checks on the CUDA runtime, bf16 included
@@ -41,6 +45,7 @@ usage: burn-dist-gpu-check <nccl-w1 | kernels | fused-step | ddp-step> [--out FI
               Burn's AdamW
   ddp-step    transformer step with the in-place NCCL reducer (world size 1) vs without:
               overhead, and the parameters agree
+  gpt         GPT-2 124M training steps with our stack: tokens/s and MFU
 
 Results: one JSON line per result, appended to --out (default gpu-check.jsonl).";
 
@@ -116,6 +121,7 @@ fn run(check: &str, options: &Options) -> ExitCode {
         "kernels" => kernels::run(&mut report, options),
         "fused-step" => fused_step::run(&mut report, options),
         "ddp-step" => ddp_step::run(&mut report, options),
+        "gpt" => gpt::run(&mut report, options),
         other => {
             eprintln!("burn-dist-gpu-check: unknown check {other:?}\n{USAGE}");
             return ExitCode::from(2);

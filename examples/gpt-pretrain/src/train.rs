@@ -46,8 +46,25 @@ pub fn run<B: AutodiffBackend>(args: &Args, device: &B::Device) -> Result<Outcom
         let comm = HostCommunicator::local_group(1, &CommConfig::default()).remove(0);
         Ddp::for_thread(comm, config)
     };
+    run_with::<B>(args, &mut ddp, device)
+}
+
+/// Runs the job described by `args` with a `Ddp` the caller built (e.g. the GPU check's, whose
+/// reducer runs on NCCL); its accumulation must be `args.accumulation`.
+pub fn run_with<B: AutodiffBackend>(
+    args: &Args,
+    ddp: &mut Ddp,
+    device: &B::Device,
+) -> Result<Outcome, String> {
     let rank = ddp.rank();
-    Trainer::<B>::new(args, &mut ddp, device)
+    if ddp.accumulation_steps() != args.accumulation {
+        return Err(format!(
+            "rank {rank}: the Ddp accumulates {} micro-batches but --accumulation is {}",
+            ddp.accumulation_steps(),
+            args.accumulation
+        ));
+    }
+    Trainer::<B>::new(args, ddp, device)
         .and_then(|trainer| trainer.train())
         .map_err(|e| format!("rank {rank}: {e}"))
 }
