@@ -59,7 +59,7 @@ pub struct Pending<T> {
 }
 
 impl<T> Pending<T> {
-    pub(crate) fn new(rank: usize) -> (Sender<Result<T>>, Self) {
+    fn new(rank: usize) -> (Sender<Result<T>>, Self) {
         let (tx, rx) = mpsc::channel();
         (
             tx,
@@ -160,16 +160,22 @@ impl HostCommunicator {
     }
 
     fn submit<T>(&self, make: impl FnOnce(Done<T>) -> Job) -> Pending<T> {
-        let (done, pending) = Pending::new(self.rank);
-        let sent = self
-            .jobs
-            .as_ref()
-            .is_some_and(|jobs| jobs.send(make(done)).is_ok());
-        if sent {
-            pending
-        } else {
-            Pending::failed(self.rank, CommError::ShutDown { rank: self.rank })
-        }
+        submit(self.rank, self.jobs.as_ref(), make)
+    }
+}
+
+/// Queues the job `make` builds on a communicator's worker (`jobs`, `None` once shut down) and
+/// returns the handle its result comes back through: fails at once if the worker is gone.
+pub(crate) fn submit<J, T>(
+    rank: usize,
+    jobs: Option<&Sender<J>>,
+    make: impl FnOnce(Done<T>) -> J,
+) -> Pending<T> {
+    let (done, pending) = Pending::new(rank);
+    if jobs.is_some_and(|jobs| jobs.send(make(done)).is_ok()) {
+        pending
+    } else {
+        Pending::failed(rank, CommError::ShutDown { rank })
     }
 }
 

@@ -187,16 +187,7 @@ impl NcclCommunicator {
     }
 
     fn submit<T>(&self, make: impl FnOnce(Sender<Result<T>>) -> Job) -> Pending<T> {
-        let (done, pending) = Pending::new(self.rank);
-        let sent = self
-            .jobs
-            .as_ref()
-            .is_some_and(|jobs| jobs.send(make(done)).is_ok());
-        if sent {
-            pending
-        } else {
-            Pending::failed(self.rank, CommError::ShutDown { rank: self.rank })
-        }
+        crate::communicator::submit(self.rank, self.jobs.as_ref(), make)
     }
 }
 
