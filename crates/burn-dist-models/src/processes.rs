@@ -41,6 +41,25 @@ pub fn read_f32s(path: &Path) -> Vec<f32> {
         .collect()
 }
 
+/// When `line` holds `announce` followed by a pid and `)` (a program's "paused at … (pid N)"),
+/// kills that process with SIGKILL, as a crash would, and returns true.
+pub fn kill_announced(line: &str, announce: &str) -> bool {
+    let Some(at) = line.find(announce) else {
+        return false;
+    };
+    let pid: i32 = line[at + announce.len()..]
+        .trim_end_matches(')')
+        .parse()
+        .unwrap_or_else(|e| panic!("no pid after {announce:?} in {line:?}: {e}"));
+    // SAFETY: kill(2) on a pid the child announced; no memory is touched.
+    assert_eq!(
+        unsafe { libc::kill(pid, libc::SIGKILL) },
+        0,
+        "kill -9 {pid}"
+    );
+    true
+}
+
 /// Reads every line `child` writes on its piped stdout and stderr (whichever are piped),
 /// calling `on_line` as each arrives, until both close; then waits for it. Kills it and panics
 /// with the transcript when no line arrives for `quiet`. Returns the exit status and every line.

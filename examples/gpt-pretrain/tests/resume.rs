@@ -6,7 +6,7 @@ use std::path::Path;
 use std::process::{Command, ExitStatus, Stdio};
 use std::time::Duration;
 
-use burn_dist_models::processes::{launcher, scratch_dir, watch};
+use burn_dist_models::processes::{kill_announced, launcher, scratch_dir, watch};
 use burn_dist_models::step::read_params;
 use gpt_pretrain::metrics;
 
@@ -69,15 +69,7 @@ fn killed_and_resumed_run_ends_bitwise_equal_to_the_uninterrupted_one() {
     // Every rank stops after step 5 (checkpoints exist for steps 2 and 4); rank 1 is killed.
     let mut killed = false;
     let status = train(&crashed, 2, &["--pause-after-step", "5"], |line| {
-        let announce = "paused after step 5 on rank 1 (pid ";
-        if let Some(at) = line.find(announce) {
-            let pid: i32 = line[at + announce.len()..]
-                .trim_end_matches(')')
-                .parse()
-                .expect("a pid");
-            assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
-            killed = true;
-        }
+        killed |= kill_announced(line, "paused after step 5 on rank 1 (pid ");
     });
     assert!(killed, "rank 1 never announced step 5");
     assert!(!status.success(), "the job fails when a rank is killed");

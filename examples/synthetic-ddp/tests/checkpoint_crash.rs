@@ -8,7 +8,7 @@ use std::path::Path;
 use std::process::{Command, ExitStatus, Stdio};
 use std::time::Duration;
 
-use burn_dist::testing::processes::{launcher, read_f32s, scratch_dir, watch};
+use burn_dist::testing::processes::{kill_announced, launcher, read_f32s, scratch_dir, watch};
 use burn_dist_zero::checkpoint;
 
 const TIMEOUT: Duration = Duration::from_secs(120);
@@ -68,17 +68,7 @@ fn sigkill_inside_a_checkpoint_write_leaves_the_previous_checkpoint_loadable() {
         &crashed,
         &root.join("unused.bin"),
         &[(checkpoint::PAUSE_VAR, "after-shard:4")],
-        |line| {
-            let announce = "paused at after-shard on rank 1 (pid ";
-            if let Some(at) = line.find(announce) {
-                let pid: i32 = line[at + announce.len()..]
-                    .trim_end_matches(')')
-                    .parse()
-                    .expect("a pid");
-                assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
-                killed = true;
-            }
-        },
+        |line| killed |= kill_announced(line, "paused at after-shard on rank 1 (pid "),
     );
     assert!(killed, "rank 1 never reached the fault point");
     assert!(!status.success(), "the job must fail when a rank dies");
