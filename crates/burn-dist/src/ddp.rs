@@ -78,8 +78,9 @@ impl Ddp {
     /// in, one NCCL group of per-tensor averages runs on the gradients' own memory (docs/gpu.md,
     /// "The in-place path"). Small control collectives (the usage bitmap, the bucket order, the
     /// model check and broadcast of `prepare`) and [`Ddp::communicator`] stay on the host
-    /// communicator of the same group. ZeRO stage 2 ([`Ddp::shard_gradients`]) still reduces
-    /// through the host. Fails, naming the library, when libcuda or libnccl cannot be loaded.
+    /// communicator of the same group. Under ZeRO stage 2 ([`Ddp::shard_gradients`]) each
+    /// parameter piece is reduced in place to its owner, which reads its segment into the host
+    /// gradient shard. Fails, naming the library, when libcuda or libnccl cannot be loaded.
     #[cfg(feature = "cuda")]
     pub fn init_nccl(config: DdpConfig, device: &crate::CudaDevice) -> Result<Ddp> {
         let group = burn_dist_comm::init(CommConfig::default())?;
