@@ -108,7 +108,7 @@ pub fn gpu_check(args: &[String]) -> Result<(), String> {
          gpu-check.log):\n\
          \n    run(command=\"bash {OUT_DIR}/run.sh\", carry=[\"{OUT_DIR}\"], timeout_s=420)\n\
          \nthen, time permitting, the end-to-end GPT-2 124M comparison with PyTorch:\n\
-         \n    run(command=\"bash {OUT_DIR}/run.sh gpt\", carry=[\"{OUT_DIR}\"], timeout_s=330)\n",
+         \n    run(command=\"bash {OUT_DIR}/run.sh gpt\", carry=[\"{OUT_DIR}\"], timeout_s=420)\n",
         binary as f64 / (1 << 20) as f64,
         total as f64 / (1 << 20) as f64,
     );

@@ -1,18 +1,27 @@
 //! `gpt`: the end-to-end comparison of issue 7. GPT-2 124M (`gpt-pretrain --model gpt2-124m`,
 //! vocabulary 50257 padded to 50304) trains for a few steps on the synthetic corpus with our
-//! stack: `Autodiff<DistributedBackend<CudaBackend>>`, the in-place NCCL reducer at world size
-//! 1, Burn's AdamW with gpt-pretrain's global-norm clipping, f32 parameters (Burn has no
-//! autocast; gpt-pretrain's AdamW refuses f16/bf16 parameters, which would lose small updates
-//! without f32 master weights). `gpt2_torch.py` runs the same shape, batch and sequence length
-//! in PyTorch (bf16 autocast, fused AdamW, SDPA, TF32), and the report puts the two lines side
-//! by side: tokens/s and MFU by the same formula.
+//! stack, `Autodiff<DistributedBackend<CudaBackend>>` with the in-place NCCL reducer at world
+//! size 1, in two variants:
+//! - `gpt/burn-dist`: f32 parameters and compute, Burn's AdamW with gpt-pretrain's global-norm
+//!   clipping (Burn has no autocast, and gpt-pretrain's AdamW refuses f16/bf16 parameters,
+//!   which would lose small updates without f32 master weights);
+//! - `gpt/burn-dist-bf16`: bf16 parameters and compute, ZeroAdam with its f32 master weights and
+//!   moments on the GPU (`ZeroAdam::on_device`: the fused kernels), same clipping.
+//!
+//! `gpt2_torch.py` runs the same shape, batch and sequence length in PyTorch (bf16 autocast,
+//! fused AdamW, SDPA, TF32), and the report puts the lines side by side: tokens/s and MFU by the
+//! same formula.
 //!
 //! Tokens/s is the median over the steps after `WARMUP` (the first steps compile kernels
 //! through NVRTC and autotune).
 
 use burn_dist::{CudaBackend, CudaDevice, DdpConfig, DistributedBackend};
+use burn_dist_zero::ZeroAdam;
 use clap::Parser;
+use cubecl::Runtime;
+use cubecl::cuda::CudaRuntime;
 use gpt_pretrain::cli::Args;
+use gpt_pretrain::train::PlaceOptimizer;
 use serde_json::json;
 
 use crate::Options;
@@ -21,7 +30,6 @@ use crate::report::{Report, guarded};
 
 type B = burn::backend::Autodiff<DistributedBackend<CudaBackend>>;
 
-const CHECK: &str = "gpt/burn-dist";
 /// Sequences per step: 16 × 1024 tokens, as in gpt2_torch.py's default.
 const BATCH: usize = 16;
 const STEPS: usize = 13;
@@ -29,14 +37,56 @@ const WARMUP: usize = 3;
 /// H200 SXM dense bf16 tensor-core peak (gpt2_torch.py uses the same figure).
 const PEAK_FLOPS: f64 = 989e12;
 
+/// One configuration of our stack.
+struct Variant {
+    check: &'static str,
+    /// gpt-pretrain flags that differ between the variants.
+    flags: &'static [&'static str],
+    /// Whether ZeroAdam's state goes to the GPU.
+    zero_on_device: bool,
+    precision: &'static str,
+    optimizer: &'static str,
+}
+
+const VARIANTS: [Variant; 2] = [
+    Variant {
+        check: "gpt/burn-dist",
+        flags: &["--optimizer", "adamw"],
+        zero_on_device: false,
+        precision: "f32 parameters and compute (no autocast in Burn)",
+        optimizer: "Burn AdamW, global-norm clipping 1.0",
+    },
+    Variant {
+        check: "gpt/burn-dist-bf16",
+        flags: &["--optimizer", "zero", "--precision", "bf16"],
+        zero_on_device: true,
+        precision: "bf16 parameters and compute, f32 master weights",
+        optimizer: "ZeroAdam on the GPU (fused kernels), global-norm clipping 1.0",
+    },
+];
+
 pub fn run(report: &mut Report, options: &Options) {
     if let Err(e) = check_cuda_runtime() {
-        report.fail(CHECK, e, json!({}));
+        report.fail(VARIANTS[0].check, e, json!({}));
         return;
     }
-    let scratch = std::env::temp_dir().join(format!("gpu-check-gpt-{}", std::process::id()));
+    for variant in &VARIANTS {
+        match guarded(|| measure(variant, options.device)) {
+            Ok(Ok(fields)) => report.pass(variant.check, fields),
+            Ok(Err(e)) | Err(e) => report.fail(variant.check, e, json!({})),
+        }
+    }
+}
+
+/// Trains `variant` for STEPS steps and returns its line's fields.
+fn measure(variant: &Variant, device_index: usize) -> Result<serde_json::Value, String> {
+    let scratch = std::env::temp_dir().join(format!(
+        "gpu-check-{}-{}",
+        variant.check.replace('/', "-"),
+        std::process::id()
+    ));
     let metrics = scratch.join("metrics.jsonl");
-    let args = [
+    let fixed = [
         "gpt-pretrain",
         "--model",
         "gpt2-124m",
@@ -44,8 +94,6 @@ pub fn run(report: &mut Report, options: &Options) {
         "50257",
         "--synthetic-tokens",
         "2000000",
-        "--optimizer",
-        "adamw",
         "--max-grad-norm",
         "1.0",
         "--eval-every",
@@ -53,55 +101,60 @@ pub fn run(report: &mut Report, options: &Options) {
         "--log-every",
         "1",
         "--no-plot",
-    ]
-    .map(String::from)
-    .into_iter()
-    .chain([
-        "--steps".into(),
-        STEPS.to_string(),
-        "--global-batch".into(),
-        BATCH.to_string(),
-        "--warmup".into(),
-        "2".into(),
-        "--peak-flops".into(),
-        PEAK_FLOPS.to_string(),
-        "--run-dir".into(),
-        scratch.display().to_string(),
-        "--metrics".into(),
-        metrics.display().to_string(),
-    ]);
-    let outcome = guarded(|| -> Result<serde_json::Value, String> {
-        let args = Args::try_parse_from(args).map_err(|e| e.to_string())?;
-        let device = CudaDevice::new(options.device);
-        let mut ddp = crate::ddp_step::join(&device, DdpConfig::new())?;
-        let outcome = gpt_pretrain::train::run_with::<B>(&args, &mut ddp, &device)?;
-        let records = gpt_pretrain::metrics::read(&metrics)?;
-        let timed: Vec<_> = records.iter().skip(WARMUP).collect();
-        if timed.is_empty() {
-            return Err(format!(
-                "no step after the {WARMUP} warm-up steps was recorded"
-            ));
-        }
-        let mut tokens: Vec<f64> = timed.iter().map(|r| r.tokens_per_s).collect();
-        tokens.sort_by(f64::total_cmp);
-        let tokens_per_s = tokens[tokens.len() / 2];
-        let flops_per_token = timed[0].flops_per_s / timed[0].tokens_per_s;
-        Ok(json!({
-            "tokens_per_s": tokens_per_s,
-            "mfu": flops_per_token * tokens_per_s / PEAK_FLOPS,
-            "step_ms": (BATCH * 1024) as f64 / tokens_per_s * 1e3,
-            "batch": BATCH,
-            "context": 1024,
-            "steps_timed": timed.len(),
-            "final_loss": outcome.final_loss,
-            "peak_flops": PEAK_FLOPS,
-            "precision": "f32 parameters and compute (no autocast in Burn)",
-            "optimizer": "Burn AdamW, global-norm clipping 1.0",
-        }))
-    });
+    ];
+    let args = fixed
+        .iter()
+        .chain(variant.flags)
+        .map(|s| s.to_string())
+        .chain([
+            "--steps".into(),
+            STEPS.to_string(),
+            "--global-batch".into(),
+            BATCH.to_string(),
+            "--warmup".into(),
+            "2".into(),
+            "--peak-flops".into(),
+            PEAK_FLOPS.to_string(),
+            "--run-dir".into(),
+            scratch.display().to_string(),
+            "--metrics".into(),
+            metrics.display().to_string(),
+        ]);
+    let args = Args::try_parse_from(args).map_err(|e| e.to_string())?;
+    let device = CudaDevice::new(device_index);
+    let on_device = |zero: ZeroAdam| zero.on_device(CudaRuntime::client(&device));
+    let place: PlaceOptimizer = if variant.zero_on_device {
+        &on_device
+    } else {
+        &Ok
+    };
+    // Each variant joins (and, dropping its Ddp, leaves) its own world-size-1 group.
+    let mut ddp = crate::ddp_step::join(&device, DdpConfig::new())?;
+    let outcome = gpt_pretrain::train::run_with::<B>(&args, &mut ddp, &device, place);
+    drop(ddp);
+    let records = gpt_pretrain::metrics::read(&metrics);
     let _ = std::fs::remove_dir_all(&scratch);
-    match outcome {
-        Ok(Ok(fields)) => report.pass(CHECK, fields),
-        Ok(Err(e)) | Err(e) => report.fail(CHECK, e, json!({})),
+    let (outcome, records) = (outcome?, records?);
+    let timed: Vec<_> = records.iter().skip(WARMUP).collect();
+    if timed.is_empty() {
+        return Err(format!(
+            "no step after the {WARMUP} warm-up steps was recorded"
+        ));
     }
+    let mut tokens: Vec<f64> = timed.iter().map(|r| r.tokens_per_s).collect();
+    tokens.sort_by(f64::total_cmp);
+    let tokens_per_s = tokens[tokens.len() / 2];
+    let flops_per_token = timed[0].flops_per_s / timed[0].tokens_per_s;
+    Ok(json!({
+        "tokens_per_s": tokens_per_s,
+        "mfu": flops_per_token * tokens_per_s / PEAK_FLOPS,
+        "step_ms": (BATCH * 1024) as f64 / tokens_per_s * 1e3,
+        "batch": BATCH,
+        "context": 1024,
+        "steps_timed": timed.len(),
+        "final_loss": outcome.final_loss,
+        "peak_flops": PEAK_FLOPS,
+        "precision": variant.precision,
+        "optimizer": variant.optimizer,
+    }))
 }

@@ -46,15 +46,21 @@ pub fn run<B: AutodiffBackend>(args: &Args, device: &B::Device) -> Result<Outcom
         let comm = HostCommunicator::local_group(1, &CommConfig::default()).remove(0);
         Ddp::for_thread(comm, config)
     };
-    run_with::<B>(args, &mut ddp, device)
+    run_with::<B>(args, &mut ddp, device, &Ok)
 }
 
+/// Where ZeroAdam's state goes once built: `Ok` keeps it on the host; the GPU check passes
+/// `|zero| zero.on_device(client)` to step with the fused kernels on the GPU.
+pub type PlaceOptimizer<'a> = &'a dyn Fn(ZeroAdam) -> burn_dist_zero::Result<ZeroAdam>;
+
 /// Runs the job described by `args` with a `Ddp` the caller built (e.g. the GPU check's, whose
-/// reducer runs on NCCL); its accumulation must be `args.accumulation`.
+/// reducer runs on NCCL); its accumulation must be `args.accumulation`. `place` moves
+/// ZeroAdam's state (see [`PlaceOptimizer`]).
 pub fn run_with<B: AutodiffBackend>(
     args: &Args,
     ddp: &mut Ddp,
     device: &B::Device,
+    place: PlaceOptimizer,
 ) -> Result<Outcome, String> {
     let rank = ddp.rank();
     if ddp.accumulation_steps() != args.accumulation {
@@ -64,7 +70,7 @@ pub fn run_with<B: AutodiffBackend>(
             args.accumulation
         ));
     }
-    Trainer::<B>::new(args, ddp, device)
+    Trainer::<B>::new(args, ddp, device, place)
         .and_then(|trainer| trainer.train())
         .map_err(|e| format!("rank {rank}: {e}"))
 }
@@ -91,7 +97,12 @@ struct Trainer<'a, B: AutodiffBackend> {
 }
 
 impl<'a, B: AutodiffBackend> Trainer<'a, B> {
-    fn new(args: &'a Args, ddp: &'a mut Ddp, device: &B::Device) -> Result<Self, String> {
+    fn new(
+        args: &'a Args,
+        ddp: &'a mut Ddp,
+        device: &B::Device,
+        place: PlaceOptimizer,
+    ) -> Result<Self, String> {
         let (rank, world) = (ddp.rank(), ddp.world_size());
         args.check(world)?;
         let corpus = Corpus::load(&args.source(), args.val_fraction)?;
@@ -120,6 +131,7 @@ impl<'a, B: AutodiffBackend> Trainer<'a, B> {
                     .with_max_grad_norm(max_grad_norm)
                     .with_stage(args.zero_stage)
                     .init::<B, _>(ddp, &model)
+                    .and_then(place)
                     .map_err(|e| format!("--optimizer zero: {e}"))?,
             )),
             OptimizerKind::Adamw => Optim::AdamW(
