@@ -7,7 +7,7 @@
 #
 # The two suites are separate device calls, each under 5 minutes: run the core one first.
 # It finds libnccl and libnvrtc in the Python environment's nvidia-* packages, runs each check
-# under its own timeout (under 5 minutes in all: 295 s of limits), and writes
+# under its own timeout (5 minutes in all: 300 s of limits), and writes
 #   $OUT/results.jsonl   one JSON line per result, written as soon as it is known
 #   $OUT/gpu-check.md    a dated table of the results
 #   $OUT/gpu-check.log   everything the checks printed
@@ -24,7 +24,16 @@ case "$SUITE" in core | gpt) ;; *) echo "usage: run.sh [core|gpt]" >&2; exit 2 ;
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 OUT="${OUT:-$HERE/out}"
-PY="${PYTHON:-python3}"
+# The interpreter with torch and the nvidia-* wheels: $PYTHON, else the first that imports
+# torch (the workplace's image: a plain python3, /opt/torch/.venv/bin/python3).
+PY=""
+for candidate in ${PYTHON:-} python3 python /opt/torch/.venv/bin/python3 /opt/conda/bin/python; do
+    if command -v "$candidate" >/dev/null 2>&1 && "$candidate" -c 'import torch' >/dev/null 2>&1; then
+        PY="$candidate"
+        break
+    fi
+done
+PY="${PY:-${PYTHON:-python3}}"
 ELEMENTS="${ELEMENTS:-1073741824}"
 DEVICE="${DEVICE:-0}"
 BIN="$HERE/burn-dist-gpu-check"
@@ -63,8 +72,34 @@ find_lib() { # name pattern: the first match under the nvidia packages, else the
     [ -z "$found" ] && found="$(ldconfig -p 2>/dev/null | awk -v p="${1%\*}" '$1 ~ "^"p {print $NF; exit}')"
     echo "$found"
 }
+# cubecl-cuda compiles its kernels with NVRTC at run time and needs CUDA's headers
+# (cuda_runtime.h, cuda_fp16.h, cuda_bf16.h, mma.h): it looks in $CUDA_PATH, /usr/local/cuda,
+# /opt/cuda, or beside /usr/bin/nvcc, and panics when none exists. Prefer a toolkit (the
+# image's nvcc), whose NVRTC also matches the driver; else assemble the headers of the nvidia-*
+# wheels into one include directory.
+if [ -z "${CUDA_PATH:-}" ]; then
+    NVCC="$(command -v nvcc 2>/dev/null || true)"
+    for root in /usr/local/cuda /opt/cuda ${NVCC:+"$(dirname "$(dirname "$NVCC")")"}; do
+        if [ -f "$root/include/cuda_runtime.h" ]; then export CUDA_PATH="$root"; break; fi
+    done
+fi
+if [ -z "${CUDA_PATH:-}" ] && [ -n "$NVIDIA_DIRS" ]; then
+    mkdir -p "$LIBDIR/cuda/include"
+    for inc in $(find $NVIDIA_DIRS -maxdepth 3 -type d -name include 2>/dev/null); do
+        ln -sf "$inc"/* "$LIBDIR/cuda/include/" 2>/dev/null
+    done
+    export CUDA_PATH="$LIBDIR/cuda"
+fi
+for header in cuda_runtime.h cuda_fp16.h cuda_bf16.h mma.h cuda/pipeline; do
+    [ -e "${CUDA_PATH:-/nonexistent}/include/$header" ] || note "CUDA header $header not found under ${CUDA_PATH:-no CUDA_PATH}"
+done
+note "CUDA_PATH=${CUDA_PATH:-none} (nvcc: $(command -v nvcc 2>/dev/null || echo none))"
+export NCCL_DEBUG="${NCCL_DEBUG:-WARN}"
+
 NCCL="$(find_lib 'libnccl.so*')"
-NVRTC="$(find_lib 'libnvrtc.so*')"
+# NVRTC: the toolkit's first (it matches the driver's PTX version), else the wheel's.
+NVRTC="$(find "${CUDA_PATH:-/nonexistent}/lib64" "${CUDA_PATH:-/nonexistent}/lib" -maxdepth 1 -name 'libnvrtc.so*' \( -type f -o -type l \) 2>/dev/null | sort | head -n 1)"
+[ -z "$NVRTC" ] && NVRTC="$(find_lib 'libnvrtc.so*')"
 EXTRA=""
 if [ -n "$NCCL" ]; then
     ln -sf "$NCCL" "$LIBDIR/libnccl.so"
@@ -102,13 +137,14 @@ check() {
     esac
 }
 
+[ -f "$BIN" ] && chmod +x "$BIN" 2>/dev/null
 if [ ! -x "$BIN" ]; then
     result setup fail "$BIN is missing: build it with cargo xtask gpu-check"
 elif [ "$SUITE" = core ]; then
     check nccl-w1 40 "$BIN" nccl-w1 --out "$RESULTS" --device "$DEVICE"
     check kernels 65 "$BIN" kernels --out "$RESULTS" --device "$DEVICE"
-    check fused-step 100 "$BIN" fused-step --out "$RESULTS" --device "$DEVICE" --elements "$ELEMENTS"
-    check ddp-step 50 "$BIN" ddp-step --out "$RESULTS" --device "$DEVICE"
+    check fused-step 80 "$BIN" fused-step --out "$RESULTS" --device "$DEVICE" --elements "$ELEMENTS"
+    check ddp-step 75 "$BIN" ddp-step --out "$RESULTS" --device "$DEVICE"
 else
     check gpt 260 "$BIN" gpt --out "$RESULTS" --device "$DEVICE"
 fi
