@@ -324,24 +324,17 @@ impl Worker {
         let (rank, comm) = (self.rank, self.comm.0);
         let what = op.to_string();
         let stream = self.stream.cu_stream() as sys::cudaStream_t;
-        let mut first_error = None;
-        let mut check = |code: ncclResult_t| {
-            if let Err(e) = nccl_result(rank, &what, code, Some(comm))
-                && first_error.is_none()
-            {
-                first_error = Some(e);
-            }
-        };
+        let mut calls = Calls::new(rank, &what, comm);
         // SAFETY: the caller of `NcclCommunicator::in_place` promised that every slice is
         // live device memory of its length on this GPU, used by nothing else until the
         // completion event is seen (the owner object keeps it alive until then); the
         // communicator is live.
         unsafe {
-            check(sys::ncclGroupStart());
+            calls.check(sys::ncclGroupStart());
             for &(slice, call) in group.calls.iter().filter(|(s, _)| s.len > 0) {
                 let at = slice.ptr as *mut c_void;
                 let dtype = nccl_dtype(slice.dtype);
-                check(match call {
+                calls.check(match call {
                     InPlaceOp::AllReduce(reduce) => {
                         sys::ncclAllReduce(at, at, slice.len, dtype, nccl_op(reduce), comm, stream)
                     }
@@ -358,15 +351,22 @@ impl Worker {
                 });
             }
             // Always closed, even after a failed call: NCCL's groups must balance.
-            check(sys::ncclGroupEnd());
+            calls.check(sys::ncclGroupEnd());
         }
+        self.enqueued(&what, calls.first_error)
+    }
+
+    /// After a run of calls: their first failure, else wait until NCCL has enqueued them (a
+    /// non-blocking communicator may still be working on it when the calls return) and record
+    /// the completion event after them.
+    fn enqueued(&self, what: &str, first_error: Option<CommError>) -> Result<CudaEvent> {
         if let Some(e) = first_error {
             return Err(e);
         }
-        self.settle(&what)?;
+        self.settle(what)?;
         self.stream
             .record_event(None)
-            .map_err(|e| cuda_error(rank, &format!("recording the completion of {what}"), e))
+            .map_err(|e| cuda_error(self.rank, &format!("recording the completion of {what}"), e))
     }
 
     fn push(&mut self, op: OpDesc, event: CudaEvent, done: Done) {
@@ -525,23 +525,16 @@ impl Worker {
         let base = p.buf.ptr();
         let at = |element: usize| (base + element as u64 * size) as *mut c_void;
         let grouped = p.calls.len() > 1;
-        let mut first_error = None;
-        let mut check = |code: ncclResult_t| {
-            if let Err(e) = nccl_result(rank, &what, code, Some(comm))
-                && first_error.is_none()
-            {
-                first_error = Some(e);
-            }
-        };
+        let mut calls = Calls::new(rank, &what, comm);
         // SAFETY: every pointer is inside the buffer's allocation (the plans stay within the
         // view, checked above), which stays alive until the completion event is seen; the
         // communicator is live (the worker aborts and stops using it on the first failure).
         unsafe {
             if grouped {
-                check(sys::ncclGroupStart());
+                calls.check(sys::ncclGroupStart());
             }
             for call in &p.calls {
-                check(match call {
+                calls.check(match call {
                     Call::AllReduce { count } => {
                         sys::ncclAllReduce(at(0), at(0), *count, dtype, redop, comm, stream)
                     }
@@ -580,16 +573,10 @@ impl Worker {
             }
             if grouped {
                 // Always closed, even after a failed call: NCCL's groups must balance.
-                check(sys::ncclGroupEnd());
+                calls.check(sys::ncclGroupEnd());
             }
         }
-        if let Some(e) = first_error {
-            return Err(e);
-        }
-        self.settle(&what)?;
-        self.stream
-            .record_event(None)
-            .map_err(|e| cuda_error(rank, &format!("recording the completion of {what}"), e))
+        self.enqueued(&what, calls.first_error)
     }
 
     /// Waits until the communicator has finished the call in progress (non-blocking mode),
@@ -796,6 +783,34 @@ impl Backoff {
         } else {
             let micros = 20u64 << ((self.0 - 64) / 16).min(6);
             std::thread::sleep(Duration::from_micros(micros.min(1000)));
+        }
+    }
+}
+
+/// The results of a run of NCCL calls that must all be issued (a group is closed even after a
+/// failed call, or NCCL's groups would not balance): the first failure is kept.
+struct Calls<'a> {
+    rank: usize,
+    what: &'a str,
+    comm: ncclComm_t,
+    first_error: Option<CommError>,
+}
+
+impl<'a> Calls<'a> {
+    fn new(rank: usize, what: &'a str, comm: ncclComm_t) -> Self {
+        Calls {
+            rank,
+            what,
+            comm,
+            first_error: None,
+        }
+    }
+
+    fn check(&mut self, code: ncclResult_t) {
+        if let Err(e) = nccl_result(self.rank, self.what, code, Some(self.comm))
+            && self.first_error.is_none()
+        {
+            self.first_error = Some(e);
         }
     }
 }
