@@ -295,12 +295,10 @@ pub fn device_address(tensor: &CudaTensor) -> Result<(u64, impl Send + 'static),
 /// Each rank's piece of parameter `p` in the flat layout: (owner, elements of `p`), non-empty
 /// only.
 fn owned_pieces(flat: &FlatLayout, p: usize) -> impl Iterator<Item = (usize, Range<usize>)> + '_ {
-    let (offset, n) = (flat.offsets[p], flat.numels[p]);
+    let offset = flat.offsets[p];
     (0..flat.world).filter_map(move |q| {
-        let shard = flat.shard(q);
-        let start = offset.max(shard.start);
-        let end = (offset + n).min(shard.end);
-        (start < end).then(|| (q, start - offset..end - offset))
+        let r = flat.in_shard(flat.param_range(p), q);
+        (!r.is_empty()).then(|| (q, r.start - offset..r.end - offset))
     })
 }
 

@@ -55,6 +55,19 @@ impl FlatLayout {
         rank * self.shard_len..(rank + 1) * self.shard_len
     }
 
+    /// Where parameter `param` lies in the flat vector.
+    pub fn param_range(&self, param: usize) -> Range<usize> {
+        self.offsets[param]..self.offsets[param] + self.numels[param]
+    }
+
+    /// The part of the flat range `range` that lies in rank `rank`'s shard (empty, at the
+    /// shard's start, when none does).
+    pub fn in_shard(&self, range: Range<usize>, rank: usize) -> Range<usize> {
+        let shard = self.shard(rank);
+        let start = range.start.clamp(shard.start, shard.end);
+        start..range.end.clamp(start, shard.end)
+    }
+
     /// Length of the padded flat vector.
     pub fn padded_len(&self) -> usize {
         self.shard_len * self.world
@@ -62,18 +75,15 @@ impl FlatLayout {
 
     /// The parameters (or parts of them) in rank `rank`'s shard, in order.
     pub fn pieces(&self, rank: usize) -> Vec<Piece> {
-        let shard = self.shard(rank);
-        self.offsets
-            .iter()
-            .zip(&self.numels)
-            .enumerate()
-            .filter_map(|(param, (&offset, &n))| {
-                let start = offset.max(shard.start);
-                let end = (offset + n).min(shard.end);
-                (start < end).then(|| Piece {
+        let shard_start = self.shard(rank).start;
+        (0..self.numels.len())
+            .filter_map(|param| {
+                let offset = self.offsets[param];
+                let r = self.in_shard(self.param_range(param), rank);
+                (!r.is_empty()).then(|| Piece {
                     param,
-                    within: start - offset..end - offset,
-                    in_shard: start - shard.start..end - shard.start,
+                    within: r.start - offset..r.end - offset,
+                    in_shard: r.start - shard_start..r.end - shard_start,
                 })
             })
             .collect()
@@ -107,6 +117,15 @@ mod tests {
             }
             assert!(seen.iter().all(|&c| c == 1), "world {world}");
         }
+    }
+
+    #[test]
+    fn in_shard_clips_a_range_to_each_shard() {
+        let layout = FlatLayout::new(&[10], 3, 1); // shards 0..4, 4..8, 8..12
+        let parts: Vec<_> = (0..3).map(|r| layout.in_shard(2..9, r)).collect();
+        assert_eq!(parts, [2..4, 4..8, 8..9]);
+        assert!(layout.in_shard(0..3, 2).is_empty());
+        assert!(layout.in_shard(9..12, 0).is_empty());
     }
 
     #[test]
