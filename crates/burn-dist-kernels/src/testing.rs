@@ -118,6 +118,22 @@ fn f32_from_bytes(bytes: &[u8]) -> Vec<f32> {
         .collect()
 }
 
+/// Asserts that a 16-bit model copy (`bytes`) holds, element for element, `round(master)` with
+/// the rounding `to_bits` of its type (round to nearest even).
+fn assert_half_copy(name: &str, bytes: &[u8], master: &[f32], to_bits: impl Fn(f32) -> u16) {
+    let want = master.iter().map(|&x| to_bits(x));
+    let bad = u16_from_bytes(bytes)
+        .zip(want)
+        .filter(|(a, b)| a != b)
+        .count();
+    assert_eq!(
+        bad,
+        0,
+        "{name} copy: {bad} of {} elements differ from RNE(master)",
+        master.len()
+    );
+}
+
 fn u16_from_bytes(bytes: &[u8]) -> impl Iterator<Item = u16> + '_ {
     bytes
         .chunks_exact(2)
@@ -219,28 +235,8 @@ pub fn check_step<R: Runtime>(
     match dtype {
         ModelDtype::None => {}
         ModelDtype::F32 => assert_eq!(f32_from_bytes(&bytes), kp, "f32 model copy"),
-        ModelDtype::F16 => {
-            let want = kp.iter().map(|&x| f16::from_f32(x).to_bits());
-            let bad = u16_from_bytes(&bytes)
-                .zip(want)
-                .filter(|(a, b)| a != b)
-                .count();
-            assert_eq!(
-                bad, 0,
-                "f16 copy: {bad} of {len} elements differ from RNE(master)"
-            );
-        }
-        ModelDtype::Bf16 => {
-            let want = kp.iter().map(|&x| bf16::from_f32(x).to_bits());
-            let bad = u16_from_bytes(&bytes)
-                .zip(want)
-                .filter(|(a, b)| a != b)
-                .count();
-            assert_eq!(
-                bad, 0,
-                "bf16 copy: {bad} of {len} elements differ from RNE(master)"
-            );
-        }
+        ModelDtype::F16 => assert_half_copy("f16", &bytes, &kp, |x| f16::from_f32(x).to_bits()),
+        ModelDtype::Bf16 => assert_half_copy("bf16", &bytes, &kp, |x| bf16::from_f32(x).to_bits()),
     }
 }
 
