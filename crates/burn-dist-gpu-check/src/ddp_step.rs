@@ -53,7 +53,7 @@ use serde_json::json;
 
 use crate::Options;
 use crate::libraries::check_cuda_runtime;
-use crate::report::{Report, guarded};
+use crate::report::{Report, guarded, median};
 
 type Inner = DistributedBackend<CudaBackend>;
 type B = burn::backend::Autodiff<Inner>;
@@ -464,12 +464,6 @@ fn flat_gradients<M: Module<B>>(model: &M, grads: &GradientsParams) -> Vec<f32> 
     };
     model.visit(&mut collect);
     collect.out
-}
-
-fn median(values: &[f64]) -> f64 {
-    let mut sorted = values.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    sorted[sorted.len() / 2]
 }
 
 fn min(values: &[f64]) -> f64 {

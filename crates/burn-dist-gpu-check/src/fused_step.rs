@@ -27,7 +27,7 @@ use serde_json::{Value, json};
 
 use crate::Options;
 use crate::libraries::check_cuda_runtime;
-use crate::report::{Report, guarded};
+use crate::report::{Report, guarded, median};
 
 const FUSED_BYTES: usize = 38;
 const ADAMW_BYTES: usize = 28;
@@ -96,17 +96,6 @@ fn time(warmup: usize, iters: usize, mut f: impl FnMut()) -> Vec<f64> {
             start.elapsed().as_secs_f64() * 1e3
         })
         .collect()
-}
-
-fn median(times: &[f64]) -> f64 {
-    let mut sorted = times.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    let n = sorted.len();
-    if n % 2 == 1 {
-        sorted[n / 2]
-    } else {
-        (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0
-    }
 }
 
 fn gbps(elements: usize, bytes_per_element: usize, ms: f64) -> f64 {

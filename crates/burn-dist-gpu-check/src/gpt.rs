@@ -26,7 +26,7 @@ use serde_json::json;
 
 use crate::Options;
 use crate::libraries::check_cuda_runtime;
-use crate::report::{Report, guarded};
+use crate::report::{Report, guarded, median};
 
 type B = burn::backend::Autodiff<DistributedBackend<CudaBackend>>;
 
@@ -141,9 +141,8 @@ fn measure(variant: &Variant, device_index: usize) -> Result<serde_json::Value, 
             "no step after the {WARMUP} warm-up steps was recorded"
         ));
     }
-    let mut tokens: Vec<f64> = timed.iter().map(|r| r.tokens_per_s).collect();
-    tokens.sort_by(f64::total_cmp);
-    let tokens_per_s = tokens[tokens.len() / 2];
+    let tokens: Vec<f64> = timed.iter().map(|r| r.tokens_per_s).collect();
+    let tokens_per_s = median(&tokens);
     let flops_per_token = timed[0].flops_per_s / timed[0].tokens_per_s;
     Ok(json!({
         "tokens_per_s": tokens_per_s,

@@ -89,3 +89,15 @@ pub fn guarded<T>(f: impl FnOnce() -> T) -> Result<T, String> {
             .unwrap_or_else(|| "panicked with a non-text payload".into())
     })
 }
+
+/// The median of timings (the mean of the middle two for an even count).
+pub fn median(values: &[f64]) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let n = sorted.len();
+    if n % 2 == 1 {
+        sorted[n / 2]
+    } else {
+        (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0
+    }
+}
