@@ -147,7 +147,7 @@ impl ZeroAdam {
         mut self,
         client: cubecl::prelude::ComputeClient<R>,
     ) -> Result<Self> {
-        let steps = self.uniform_step_count()?;
+        let steps = self.uniform_step_count(&self.time)?;
         let shard = FusedShard::new(client, &self.master, &self.m, &self.v, steps);
         tracing::info!(device = %shard.name(), "ZeroAdam state moved to the device");
         self.device = Some(Box::new(shard));
@@ -155,15 +155,16 @@ impl ZeroAdam {
         Ok(self)
     }
 
-    /// The step count every parameter shares, as the device's single counter needs.
-    fn uniform_step_count(&self) -> Result<u32> {
-        let first = self.time.first().copied().unwrap_or(0);
-        match self.time.iter().position(|&t| t != first) {
+    /// The step count every parameter shares in `time` (per parameter), as the device's single
+    /// counter needs.
+    fn uniform_step_count(&self, time: &[u32]) -> Result<u32> {
+        let first = time.first().copied().unwrap_or(0);
+        match time.iter().position(|&t| t != first) {
             None => Ok(first),
             Some(i) => Err(ZeroError::Usage(format!(
-                "the fused device step keeps one step count for all parameters, but {} has taken \
-                 {} steps and {} has taken {first}",
-                self.params[i].name, self.time[i], self.params[0].name
+                "the fused device step keeps one count for all parameters' steps, but {} has \
+                 taken {} steps and {} has taken {first} (use the host path)",
+                self.params[i].name, time[i], self.params[0].name
             ))),
         }
     }
@@ -200,19 +201,13 @@ impl ZeroAdam {
                 self.layout.world
             )));
         }
-        let previous = std::mem::replace(&mut self.time, shard.time);
-        if let Some(device) = self.device.as_mut() {
-            let steps = match self.time.first().copied() {
-                Some(first) if self.time.iter().any(|&t| t != first) => {
-                    self.time = previous;
-                    return Err(ZeroError::Usage(
-                        "this optimizer shard counts steps per parameter unevenly; the fused \
-                         device step needs one count for all (load it on the host path)"
-                            .into(),
-                    ));
-                }
-                first => first.unwrap_or(0),
-            };
+        // Checked before anything changes.
+        let device_steps = match self.device {
+            Some(_) => Some(self.uniform_step_count(&shard.time)?),
+            None => None,
+        };
+        self.time = shard.time;
+        if let (Some(device), Some(steps)) = (self.device.as_mut(), device_steps) {
             device.load(&shard.master, &shard.m, &shard.v, steps);
         } else {
             self.master = shard.master;
