@@ -59,13 +59,19 @@ impl Element for u8 {
     }
 }
 
-/// `a ∘ b` in f32.
+/// `a + b` in f32 (sum and average).
 #[inline(always)]
-pub(crate) fn combine(op: ReduceOp, a: f32, b: f32) -> f32 {
-    match op {
-        ReduceOp::Sum | ReduceOp::Avg => a + b,
-        ReduceOp::Max if a.is_nan() || b.is_nan() => f32::NAN,
-        ReduceOp::Max => a.max(b),
+fn add(a: f32, b: f32) -> f32 {
+    a + b
+}
+
+/// `max(a, b)` in f32, NaN if either is (f32::max would drop a NaN).
+#[inline(always)]
+fn max(a: f32, b: f32) -> f32 {
+    if a.is_nan() || b.is_nan() {
+        f32::NAN
+    } else {
+        a.max(b)
     }
 }
 
@@ -86,7 +92,23 @@ pub(crate) fn fold_in_rank_order(
     }
 }
 
+/// Picks the combining function once, so that the loops of [`fold_with`] are compiled for it
+/// and vectorize (a match per element does not).
 fn fold<E: Element>(op: ReduceOp, own_rank: usize, own: &mut [u8], others: &[&[u8]]) {
+    match op {
+        ReduceOp::Sum => fold_with::<E>(add, false, own_rank, own, others),
+        ReduceOp::Avg => fold_with::<E>(add, true, own_rank, own, others),
+        ReduceOp::Max => fold_with::<E>(max, false, own_rank, own, others),
+    }
+}
+
+fn fold_with<E: Element>(
+    combine: impl Fn(f32, f32) -> f32,
+    average: bool,
+    own_rank: usize,
+    own: &mut [u8],
+    others: &[&[u8]],
+) {
     // Blocks keep the f32 accumulator in registers/L1 and let the inner loops vectorize.
     const BLOCK: usize = 512;
     let world = others.len();
@@ -118,10 +140,10 @@ fn fold<E: Element>(op: ReduceOp, own_rank: usize, own: &mut [u8], others: &[&[u
             } else {
                 acc.iter_mut()
                     .zip(src)
-                    .for_each(|(a, s)| *a = combine(op, *a, s.to_f32()));
+                    .for_each(|(a, s)| *a = combine(*a, s.to_f32()));
             }
         }
-        if op == ReduceOp::Avg {
+        if average {
             let n = world as f32;
             acc.iter_mut().for_each(|a| *a /= n);
         }
