@@ -1,9 +1,11 @@
-//! Host all-reduce bus bandwidth, 2 ranks over loopback TCP, next to a single-threaded memcpy
-//! of the same 64 MiB in the same run. At 2 ranks the bus bandwidth (nccl-tests' definition,
-//! 2(n−1)/n × bytes / time) equals bytes / time, so the two throughputs compare directly.
+//! Host all-reduce bus bandwidth, 2 ranks connected through the real store and mesh, next to a
+//! single-threaded memcpy of the same 64 MiB in the same run: once over shared memory (what two
+//! ranks on one host use) and once over loopback TCP (what ranks on different hosts use, here
+//! over loopback). At 2 ranks the bus bandwidth (nccl-tests' definition, 2(n−1)/n × bytes /
+//! time) equals bytes / time, so the throughputs compare directly.
 //!
-//! A third measurement gives the transport's ceiling: two loopback sockets that each send and
-//! receive the 64 MiB an all-reduce moves per rank at 2 ranks, with nothing else to do.
+//! A fourth measurement gives TCP's ceiling: two loopback sockets that each send and receive
+//! the 64 MiB an all-reduce moves per rank at 2 ranks, with nothing else to do.
 //!
 //! `cargo bench -p burn-dist-benches --bench host_all_reduce`; results in docs/perf/.
 
@@ -12,8 +14,8 @@ use std::net::{TcpListener, TcpStream};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use burn_dist_comm::testing::{rank_data, tcp_group};
-use burn_dist_comm::{CommConfig, Communicator, DType, HostBuffer, ReduceOp};
+use burn_dist_comm::testing::{mesh_group, rank_data};
+use burn_dist_comm::{CommConfig, Communicator, DType, HostBuffer, Link, ReduceOp};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 
 const BYTES: usize = 64 << 20;
@@ -56,8 +58,22 @@ fn tcp_exchange(c: &mut Criterion) {
     group.finish();
 }
 
-fn all_reduce(c: &mut Criterion) {
-    let (_store, mut comms) = tcp_group(2, &CommConfig::default());
+fn all_reduce_shared_memory(c: &mut Criterion) {
+    all_reduce(c, "all_reduce_f32_2_ranks_shm", Link::SharedMemory);
+}
+
+fn all_reduce_tcp(c: &mut Criterion) {
+    all_reduce(c, "all_reduce_f32_2_ranks_tcp", Link::Tcp);
+}
+
+fn all_reduce(c: &mut Criterion, name: &str, link: Link) {
+    let config = CommConfig::default().with_shared_memory(link == Link::SharedMemory);
+    let (_store, mut comms) = mesh_group(2, &config);
+    assert_eq!(
+        comms[0].links()[1],
+        Some(link),
+        "the group is not linked by {link:?}"
+    );
     let peer = comms.pop().expect("rank 1");
     let rank0 = comms.pop().expect("rank 0");
     let len = BYTES / 4;
@@ -85,7 +101,7 @@ fn all_reduce(c: &mut Criterion) {
         .sample_size(20)
         .measurement_time(Duration::from_secs(10));
     let mut buf: Option<HostBuffer> = Some(input);
-    group.bench_function("all_reduce_f32_2_ranks_tcp", |b| {
+    group.bench_function(name, |b| {
         b.iter(|| {
             go.send(()).expect("rank 1 thread");
             let out = rank0.all_reduce(buf.take().unwrap(), ReduceOp::Avg).wait();
@@ -98,5 +114,11 @@ fn all_reduce(c: &mut Criterion) {
     peer_thread.join().expect("rank 1 thread");
 }
 
-criterion_group!(benches, memcpy, tcp_exchange, all_reduce);
+criterion_group!(
+    benches,
+    memcpy,
+    all_reduce_shared_memory,
+    all_reduce_tcp,
+    tcp_exchange
+);
 criterion_main!(benches);

@@ -8,7 +8,7 @@
 use std::ops::Range;
 
 use crate::reduce::{chunk_range, fold_in_rank_order};
-use crate::transport::{Transport, exchange, recv_order, send_order};
+use crate::transport::{Transport, exchange, exchange_with, recv_order, send_order};
 use crate::{DType, HostBuffer, OpDesc, ReduceOp, Result};
 
 /// Reusable receive space, kept between collectives so that large ones do not fault in fresh
@@ -72,8 +72,23 @@ fn split_chunks(bytes: &mut [u8], world: usize, elem: usize) -> Vec<&mut [u8]> {
     )
 }
 
+/// Bytes of a chunk that travel as one message of a reduce-scatter: a multiple of every element
+/// size, small enough that the receive slots stay in cache while they are folded.
+const PIECE_BYTES: usize = 256 << 10;
+
+/// Byte range of piece `p` of a chunk of `len` bytes (empty past its end).
+fn piece(len: usize, p: usize) -> Range<usize> {
+    let start = (p * PIECE_BYTES).min(len);
+    start..(start + PIECE_BYTES).min(len)
+}
+
 /// Leaves this rank's chunk of `data` (rank `q` owns the `counts[q]` elements after those of
 /// the ranks before it) reduced over all ranks; the other chunks are unchanged.
+///
+/// Chunks travel in pieces, piece-major: at step (piece `p`, offset `s`) this rank sends piece
+/// `p` of rank `rank + s`'s chunk while rank `rank - s` sends it piece `p` of its own, so every
+/// send meets its receive whatever the link buffers. Each piece is folded as soon as every
+/// rank's copy of it is in, from receive slots the size of one piece.
 pub(crate) fn reduce_scatter_in_place(
     t: &mut dyn Transport,
     op: &OpDesc,
@@ -85,23 +100,26 @@ pub(crate) fn reduce_scatter_in_place(
 ) -> Result<()> {
     let (rank, world, elem) = (t.rank(), t.world(), dtype.size());
     let chunks = count_bytes(counts, elem);
-    let own = chunks[rank].clone();
-    let staging = scratch.bytes(own.len() * world);
-    // One receive slot per rank, each the size of this rank's chunk.
-    let mut slots = split_by_sizes(staging, std::iter::repeat_n(own.len(), world));
-    let sends: Vec<(usize, &[u8])> = send_order(rank, world)
-        .map(|q| (q, &data[chunks[q].clone()]))
+    let mut parts = split_by_sizes(data, chunks.iter().map(Range::len));
+    let own = std::mem::take(&mut parts[rank]);
+    let pieces = chunks.iter().map(|c| c.len().div_ceil(PIECE_BYTES)).max();
+    let sends: Vec<(usize, &[u8])> = (0..pieces.unwrap_or(0))
+        .flat_map(|p| send_order(rank, world).map(move |q| (q, p)))
+        .map(|(q, p)| (q, &parts[q][piece(parts[q].len(), p)]))
         .collect();
-    let mut recvs: Vec<(usize, &mut [u8])> = recv_order(rank, world)
-        .map(|q| (q, std::mem::take(&mut slots[q])))
-        .collect();
-    exchange(t, op, &sends, &mut recvs)?;
-    let mut others: Vec<&[u8]> = vec![&[]; world];
-    for (q, slot) in recvs {
-        others[q] = slot;
-    }
-    fold_in_rank_order(dtype, reduce, rank, &mut data[own], &others);
-    Ok(())
+    let staging = scratch.bytes(own.len().min(PIECE_BYTES) * world);
+    exchange_with(t, op, &sends, false, |rx| {
+        for p in 0..pieces.unwrap_or(0) {
+            let range = piece(own.len(), p);
+            let mut slots = split_by_sizes(&mut *staging, std::iter::repeat_n(range.len(), world));
+            for q in recv_order(rank, world) {
+                rx.recv(q, op, slots[q])?;
+            }
+            let others: Vec<&[u8]> = slots.iter().map(|slot| &**slot).collect();
+            fold_in_rank_order(dtype, reduce, rank, &mut own[range], &others);
+        }
+        Ok(())
+    })
 }
 
 /// Fills every chunk of `data` with its owner's chunk; this rank's chunk is sent as it is.

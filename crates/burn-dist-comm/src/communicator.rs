@@ -6,8 +6,8 @@ use std::thread::JoinHandle;
 
 use crate::algorithms::{self, Scratch};
 use crate::reduce::chunk_range;
-use crate::transport::Transport;
 use crate::transport::local::local_group;
+use crate::transport::{Link, Transport};
 use crate::{CommConfig, CommError, DType, HostBuffer, OpDesc, OpKind, ReduceOp, Result};
 
 /// Collectives over flat buffers with asynchronous completion.
@@ -123,13 +123,14 @@ enum Job {
 pub struct HostCommunicator {
     rank: usize,
     world: usize,
+    links: Vec<Option<Link>>,
     jobs: Option<Sender<Job>>,
     worker: Option<JoinHandle<()>>,
 }
 
 impl HostCommunicator {
     pub(crate) fn new(transport: Box<dyn Transport>) -> Result<Self> {
-        let (rank, world) = (transport.rank(), transport.world());
+        let (rank, world, links) = (transport.rank(), transport.world(), transport.links());
         let (jobs, queue) = mpsc::channel();
         let worker = std::thread::Builder::new()
             .name(format!("burn-dist-comm-{rank}"))
@@ -145,6 +146,7 @@ impl HostCommunicator {
         Ok(HostCommunicator {
             rank,
             world,
+            links,
             jobs: Some(jobs),
             worker: Some(worker),
         })
@@ -157,6 +159,11 @@ impl HostCommunicator {
             .into_iter()
             .map(|t| HostCommunicator::new(Box::new(t)).expect("spawning a communicator thread"))
             .collect()
+    }
+
+    /// How the data reaches each peer: `links()[peer]`, `None` for this rank.
+    pub fn links(&self) -> &[Option<Link>] {
+        &self.links
     }
 
     fn submit<T>(&self, make: impl FnOnce(Done<T>) -> Job) -> Pending<T> {

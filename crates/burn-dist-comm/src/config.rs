@@ -15,6 +15,10 @@ pub struct CommConfig {
     pub join_timeout: Duration,
     /// Largest frame the TCP store accepts; larger ones are refused before any allocation.
     pub max_store_frame: usize,
+    /// Whether ranks on one host carry their data through shared memory (Linux `/dev/shm`)
+    /// instead of loopback TCP. A pair uses it only if both ranks allow it; the environment
+    /// variable `BURN_DIST_SHM=0` turns it off for [`init`](crate::init).
+    pub shared_memory: bool,
 }
 
 impl Default for CommConfig {
@@ -23,6 +27,7 @@ impl Default for CommConfig {
             timeout: DEFAULT_TIMEOUT,
             join_timeout: DEFAULT_TIMEOUT,
             max_store_frame: 16 << 20,
+            shared_memory: true,
         }
     }
 }
@@ -32,6 +37,12 @@ impl CommConfig {
     pub fn with_timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self.join_timeout = timeout;
+        self
+    }
+
+    /// The same settings with shared memory between same-host ranks allowed or not.
+    pub fn with_shared_memory(mut self, allowed: bool) -> Self {
+        self.shared_memory = allowed;
         self
     }
 

@@ -9,6 +9,8 @@ use crate::{CommError, Result};
 pub const TOKEN_VAR: &str = "BURN_DIST_TOKEN";
 /// Optional variable overriding the timeout of every blocking wait, in seconds.
 pub const TIMEOUT_VAR: &str = "BURN_DIST_TIMEOUT_SECS";
+/// Optional variable: `0` keeps same-host ranks on loopback TCP instead of shared memory.
+pub const SHM_VAR: &str = "BURN_DIST_SHM";
 /// Port used under Slurm when MASTER_PORT is not set: this base plus the job id modulo 10000,
 /// so that two jobs sharing a node do not collide.
 pub const SLURM_PORT_BASE: u16 = 20000;
@@ -27,6 +29,8 @@ pub struct RankInfo {
     pub token: String,
     /// Timeout override from the environment, if any.
     pub timeout: Option<Duration>,
+    /// Shared-memory override from the environment ([`SHM_VAR`]), if any.
+    pub shared_memory: Option<bool>,
 }
 
 impl RankInfo {
@@ -47,6 +51,7 @@ impl RankInfo {
                 master_port: port(&get)?.ok_or_else(|| missing("MASTER_PORT"))?,
                 token: String::new(),
                 timeout: None,
+                shared_memory: None,
             }
         } else if get("SLURM_PROCID").is_some() {
             from_slurm(&get)?
@@ -60,9 +65,21 @@ impl RankInfo {
         };
         let token = get(TOKEN_VAR).unwrap_or_default();
         let timeout = optional_number(&get, TIMEOUT_VAR)?.map(|s| Duration::from_secs(s as u64));
+        let shared_memory = match get(SHM_VAR).as_deref().map(str::trim) {
+            None => None,
+            Some("1") => Some(true),
+            Some("0") => Some(false),
+            Some(other) => {
+                return Err(CommError::Env {
+                    var: SHM_VAR.into(),
+                    problem: format!("{other:?} is neither 0 (loopback TCP) nor 1 (shared memory)"),
+                });
+            }
+        };
         RankInfo {
             token,
             timeout,
+            shared_memory,
             ..info
         }
         .validated()
@@ -136,6 +153,7 @@ fn from_slurm(get: &impl Fn(&str) -> Option<String>) -> Result<RankInfo> {
         master_port,
         token: String::new(),
         timeout: None,
+        shared_memory: None,
     })
 }
 
@@ -241,6 +259,16 @@ mod tests {
             (info.master_addr.as_str(), info.master_port),
             ("10.1.2.3", 29500)
         );
+    }
+
+    #[test]
+    fn shared_memory_switch_is_read_and_checked() {
+        assert_eq!(read(&TORCHRUN).unwrap().shared_memory, None);
+        let with = |value| read(&[TORCHRUN.as_slice(), &[(SHM_VAR, value)]].concat());
+        assert_eq!(with("0").unwrap().shared_memory, Some(false));
+        assert_eq!(with("1").unwrap().shared_memory, Some(true));
+        let err = with("yes").unwrap_err().to_string();
+        assert!(err.contains(SHM_VAR) && err.contains("\"yes\""), "{err}");
     }
 
     #[test]

@@ -26,6 +26,10 @@ pub fn init(config: CommConfig) -> Result<Group> {
         Some(timeout) => config.with_timeout(timeout),
         None => config,
     };
+    let config = match info.shared_memory {
+        Some(allowed) => config.with_shared_memory(allowed),
+        None => config,
+    };
     Group::join(info, &config)
 }
 
@@ -46,6 +50,7 @@ impl Group {
         tracing::info!(
             rank = info.rank,
             world = info.world_size,
+            links = ?comm.links(),
             "joined the group"
         );
         Ok(Group {
@@ -57,7 +62,8 @@ impl Group {
     }
 }
 
-/// Connects `rank` of `world` to its peers over TCP, finding them through `store`.
+/// Connects `rank` of `world` to its peers, finding them through `store`: over TCP, or through
+/// shared memory for peers on the same host (see [`CommConfig::shared_memory`]).
 pub fn connect(
     rank: usize,
     world: usize,

@@ -3,7 +3,8 @@
 //! - [`Communicator`]: all-reduce (sum, avg, max), reduce-scatter, all-gather, broadcast and
 //!   barrier, issued asynchronously and completed through [`Pending`] handles.
 //! - [`HostCommunicator`]: the CPU implementation, over in-process channels
-//!   ([`HostCommunicator::local_group`]) or TCP between processes ([`init`]). Every element is
+//!   ([`HostCommunicator::local_group`]) or between processes ([`init`]): TCP, and shared
+//!   memory between ranks on one host. Every element is
 //!   reduced in rank order, so results are bit-identical on every rank and do not depend on
 //!   how buffers are split into messages.
 //! - [`init`] and [`Group`]: rendezvous from `RANK`/`WORLD_SIZE`/`MASTER_ADDR`/`MASTER_PORT`
@@ -41,3 +42,4 @@ pub use init::{Group, connect, init};
 pub use nccl::{DeviceBuffer, InPlaceGroup, InPlaceOp, NcclCommunicator, RawSlice};
 pub use op::{OpDesc, OpKind, human_bytes};
 pub use reduce::chunk_range;
+pub use transport::Link;

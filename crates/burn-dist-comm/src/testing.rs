@@ -94,12 +94,12 @@ pub fn run_ranks<T: Send>(
     })
 }
 
-/// A group of `world` ranks in this process connected through real loopback TCP sockets, with
-/// the same store and mesh set-up as separate processes use.
+/// A group of `world` ranks in this process with the same store and mesh set-up as separate
+/// processes use: loopback TCP, or shared memory where `config` allows it (the default).
 /// Joining gets at least 30 s whatever `config` says, so that short collective timeouts in
 /// tests do not make the set-up flaky on a loaded machine.
-pub fn tcp_group(world: usize, config: &CommConfig) -> (StoreServer, Vec<HostCommunicator>) {
-    const TOKEN: &str = "tcp-group-test-token";
+pub fn mesh_group(world: usize, config: &CommConfig) -> (StoreServer, Vec<HostCommunicator>) {
+    const TOKEN: &str = "mesh-group-test-token";
     let join_timeout = config.join_timeout.max(std::time::Duration::from_secs(30));
     let config = &config.clone().with_join_timeout(join_timeout);
     let any_port: SocketAddr = "127.0.0.1:0".parse().expect("an address");

@@ -1,11 +1,12 @@
-//! Every collective, dtype and world size 1–4 against the straightforward reference, on both
-//! transports; bitwise agreement across ranks; independence from message splitting.
+//! Every collective, dtype and world size 1–4 against the straightforward reference, on every
+//! transport (in-process channels, loopback TCP, shared memory); bitwise agreement across
+//! ranks; independence from message splitting.
 
 use std::time::Duration;
 
-use burn_dist_comm::testing::{rank_data, reference_reduce, run_ranks, tcp_group};
+use burn_dist_comm::testing::{mesh_group, rank_data, reference_reduce, run_ranks};
 use burn_dist_comm::{
-    CommConfig, Communicator, DType, HostBuffer, HostCommunicator, ReduceOp, chunk_range,
+    CommConfig, Communicator, DType, HostBuffer, HostCommunicator, Link, ReduceOp, chunk_range,
 };
 
 const FLOATS: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
@@ -21,21 +22,35 @@ fn config() -> CommConfig {
 enum Wire {
     Local,
     Tcp,
+    Shm,
 }
 
-/// Runs `f` on `world` ranks connected by `wire`.
+/// Runs `f` on `world` ranks connected by `wire`, after checking that every pair really is.
 fn with_group<T: Send>(
     wire: Wire,
     world: usize,
     f: impl Fn(usize, HostCommunicator) -> T + Sync,
 ) -> Vec<T> {
-    match wire {
-        Wire::Local => run_ranks(HostCommunicator::local_group(world, &config()), f),
-        Wire::Tcp => {
-            let (_store, comms) = tcp_group(world, &config());
-            run_ranks(comms, f)
+    let (store, comms, link) = match wire {
+        Wire::Local => (
+            None,
+            HostCommunicator::local_group(world, &config()),
+            Link::InProcess,
+        ),
+        Wire::Tcp | Wire::Shm => {
+            let shm = matches!(wire, Wire::Shm);
+            let (store, comms) = mesh_group(world, &config().with_shared_memory(shm));
+            let link = if shm { Link::SharedMemory } else { Link::Tcp };
+            (Some(store), comms, link)
         }
+    };
+    for (rank, comm) in comms.iter().enumerate() {
+        let want: Vec<_> = (0..world).map(|q| (q != rank).then_some(link)).collect();
+        assert_eq!(comm.links(), want, "rank {rank}'s links");
     }
+    let results = run_ranks(comms, f);
+    drop(store);
+    results
 }
 
 /// The (dtype, op) pairs that are defined: every float op, and max on bytes.
@@ -94,15 +109,18 @@ fn reduce_scatter_matches_reference(wire: Wire, lengths: &[usize]) {
 }
 
 /// Uneven splits, empty chunks included (ZeRO-2's bucket segments): every rank gets its chunk
-/// of the reference, bitwise.
+/// of the reference, bitwise. The last two split chunks into several messages (pieces of
+/// 256 KiB), a different number per rank, down to a last piece of one element.
 fn reduce_scatter_counts_match_reference(wire: Wire) {
-    let splits: [&[usize]; 6] = [
+    let splits: [&[usize]; 8] = [
         &[5],
         &[0, 9],
         &[9, 0],
         &[3, 0, 4],
         &[0, 0, 7, 0],
         &[1, 8, 0, 2],
+        &[200_000, 0, 70_001],
+        &[65_537, 140_000, 3],
     ];
     for counts in splits {
         let (world, len) = (counts.len(), counts.iter().sum::<usize>());
@@ -131,6 +149,11 @@ fn reduce_scatter_counts_match_reference_in_process() {
 #[test]
 fn reduce_scatter_counts_match_reference_over_tcp() {
     reduce_scatter_counts_match_reference(Wire::Tcp);
+}
+
+#[test]
+fn reduce_scatter_counts_match_reference_over_shared_memory() {
+    reduce_scatter_counts_match_reference(Wire::Shm);
 }
 
 #[test]
@@ -195,6 +218,11 @@ fn all_reduce_matches_reference_over_tcp() {
 }
 
 #[test]
+fn all_reduce_matches_reference_over_shared_memory() {
+    all_reduce_matches_reference(Wire::Shm, &[0, 7, 1003]);
+}
+
+#[test]
 fn reduce_scatter_matches_reference_in_process() {
     reduce_scatter_matches_reference(Wire::Local, &LENGTHS);
 }
@@ -205,6 +233,11 @@ fn reduce_scatter_matches_reference_over_tcp() {
 }
 
 #[test]
+fn reduce_scatter_matches_reference_over_shared_memory() {
+    reduce_scatter_matches_reference(Wire::Shm, &[3, 1003]);
+}
+
+#[test]
 fn all_gather_and_broadcast_match_reference_in_process() {
     all_gather_and_broadcast_match_reference(Wire::Local, &LENGTHS);
 }
@@ -212,6 +245,11 @@ fn all_gather_and_broadcast_match_reference_in_process() {
 #[test]
 fn all_gather_and_broadcast_match_reference_over_tcp() {
     all_gather_and_broadcast_match_reference(Wire::Tcp, &[0, 1003]);
+}
+
+#[test]
+fn all_gather_and_broadcast_match_reference_over_shared_memory() {
+    all_gather_and_broadcast_match_reference(Wire::Shm, &[0, 1003]);
 }
 
 /// Splitting a buffer into messages (buckets) at arbitrary points gives the same bits as
@@ -266,6 +304,11 @@ fn result_does_not_depend_on_message_split_in_process() {
 #[test]
 fn result_does_not_depend_on_message_split_over_tcp() {
     result_does_not_depend_on_message_split(Wire::Tcp);
+}
+
+#[test]
+fn result_does_not_depend_on_message_split_over_shared_memory() {
+    result_does_not_depend_on_message_split(Wire::Shm);
 }
 
 #[test]

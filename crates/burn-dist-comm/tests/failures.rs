@@ -4,8 +4,10 @@
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use burn_dist_comm::testing::{run_ranks, tcp_group};
-use burn_dist_comm::{CommConfig, CommError, Communicator, HostBuffer, HostCommunicator, ReduceOp};
+use burn_dist_comm::testing::{mesh_group, run_ranks};
+use burn_dist_comm::{
+    CommConfig, CommError, Communicator, HostBuffer, HostCommunicator, Link, ReduceOp,
+};
 
 fn config(timeout_ms: u64) -> CommConfig {
     CommConfig::default().with_timeout(Duration::from_millis(timeout_ms))
@@ -47,7 +49,14 @@ fn departed_rank_is_named_by_every_survivor_in_process() {
 
 #[test]
 fn departed_rank_is_named_by_every_survivor_over_tcp() {
-    let (_store, comms) = tcp_group(3, &config(30_000));
+    let (_store, comms) = mesh_group(3, &config(30_000).with_shared_memory(false));
+    departed_rank_is_named_by_every_survivor(comms);
+}
+
+#[test]
+fn departed_rank_is_named_by_every_survivor_over_shared_memory() {
+    let (_store, comms) = mesh_group(3, &config(30_000));
+    assert_eq!(comms[0].links()[2], Some(Link::SharedMemory));
     departed_rank_is_named_by_every_survivor(comms);
 }
 
@@ -88,7 +97,14 @@ fn silent_rank_times_out_naming_it_in_process() {
 #[test]
 fn silent_rank_times_out_naming_it_over_tcp() {
     // The mesh is built with a generous timeout; only the collective's wait is short.
-    let (_store, comms) = tcp_group(2, &config(300));
+    let (_store, comms) = mesh_group(2, &config(300).with_shared_memory(false));
+    silent_rank_times_out_naming_it(comms);
+}
+
+#[test]
+fn silent_rank_times_out_naming_it_over_shared_memory() {
+    let (_store, comms) = mesh_group(2, &config(300));
+    assert_eq!(comms[0].links()[1], Some(Link::SharedMemory));
     silent_rank_times_out_naming_it(comms);
 }
 
@@ -116,7 +132,18 @@ fn mismatched_sizes_are_reported_not_garbage() {
 
 #[test]
 fn mismatched_collectives_over_tcp_are_reported() {
-    let (_store, comms) = tcp_group(2, &config(30_000));
+    let (_store, comms) = mesh_group(2, &config(30_000).with_shared_memory(false));
+    mismatched_collectives_are_reported(comms);
+}
+
+#[test]
+fn mismatched_collectives_over_shared_memory_are_reported() {
+    let (_store, comms) = mesh_group(2, &config(30_000));
+    assert_eq!(comms[0].links()[1], Some(Link::SharedMemory));
+    mismatched_collectives_are_reported(comms);
+}
+
+fn mismatched_collectives_are_reported(comms: Vec<HostCommunicator>) {
     let errors = run_ranks(comms, |rank, comm| match rank {
         0 => all_reduce_f32(&comm, 64).unwrap_err().to_string(),
         _ => comm

@@ -6,11 +6,12 @@ mod support;
 use std::net::TcpListener;
 use std::process::Command;
 
+use burn_dist_comm::Link;
 use support::{Launch, within};
 
 const CHECK: &str = env!("CARGO_BIN_EXE_burn-dist-check");
 /// Variables a rank reads; removed from the inherited environment so that tests are hermetic.
-const RANK_VARS: [&str; 9] = [
+const RANK_VARS: [&str; 10] = [
     "RANK",
     "WORLD_SIZE",
     "LOCAL_RANK",
@@ -19,11 +20,14 @@ const RANK_VARS: [&str; 9] = [
     "MASTER_PORT",
     "BURN_DIST_TOKEN",
     "BURN_DIST_TIMEOUT_SECS",
+    "BURN_DIST_SHM",
     "SLURM_PROCID",
 ];
 
-/// `burn-dist-run --nproc-per-node N --master-port 0 -- burn-dist-check ARGS...`.
-fn launch_check(nproc: usize, check_args: &[&str]) -> Launch {
+/// `burn-dist-run --nproc-per-node N --master-port 0 -- burn-dist-check ARGS...`, with the
+/// ranks' data over shared memory (`Link::SharedMemory`, the default on one host) or over
+/// loopback TCP (`BURN_DIST_SHM=0`).
+fn launch_check(nproc: usize, link: Link, check_args: &[&str]) -> Launch {
     let nproc = nproc.to_string();
     let mut args = vec![
         "--nproc-per-node",
@@ -34,7 +38,35 @@ fn launch_check(nproc: usize, check_args: &[&str]) -> Launch {
         CHECK,
     ];
     args.extend_from_slice(check_args);
-    Launch::spawn(&args, &[("BURN_DIST_TIMEOUT_SECS", "60")])
+    let shm = if link == Link::SharedMemory { "1" } else { "0" };
+    Launch::spawn(
+        &args,
+        &[("BURN_DIST_TIMEOUT_SECS", "60"), ("BURN_DIST_SHM", shm)],
+    )
+}
+
+/// Waits for every rank's first line and checks that it reaches every peer over `link`;
+/// returns the ranks' process ids.
+fn wait_joined(launch: &mut Launch, nproc: usize, link: Link) -> Vec<i32> {
+    (0..nproc)
+        .map(|rank| {
+            let joined = format!("[rank {rank}] rank {rank}: pid ");
+            let line = launch
+                .wait_for_line(|l| l.starts_with(&joined), within(60))
+                .unwrap();
+            let want: Vec<String> = (0..nproc)
+                .filter(|&peer| peer != rank)
+                .map(|peer| format!("{peer} {link}"))
+                .collect();
+            let want = format!("; data links: {}", want.join(", "));
+            assert!(
+                line.ends_with(&want),
+                "rank {rank}: {line}, expected {want}"
+            );
+            let pid = &line[joined.len()..];
+            pid[..pid.find(' ').unwrap()].parse().unwrap()
+        })
+        .collect()
 }
 
 /// `burn-dist-check` as one rank started by hand, with exactly `env` set.
@@ -51,8 +83,9 @@ fn free_port() -> String {
     probe.local_addr().unwrap().port().to_string()
 }
 
-fn all_reduce_matches_reference_on(nproc: usize) {
-    let mut launch = launch_check(nproc, &["--mib", "4", "--iters", "3"]);
+fn all_reduce_matches_reference_on(nproc: usize, link: Link) {
+    let mut launch = launch_check(nproc, link, &["--mib", "4", "--iters", "3"]);
+    wait_joined(&mut launch, nproc, link);
     let status = launch.wait_exit(within(120));
     assert!(status.success(), "{status}\n{}", launch.transcript());
     for rank in 0..nproc {
@@ -67,31 +100,33 @@ fn all_reduce_matches_reference_on(nproc: usize) {
 
 #[test]
 fn all_reduce_of_4_mib_matches_reference_on_2_processes() {
-    all_reduce_matches_reference_on(2);
+    all_reduce_matches_reference_on(2, Link::SharedMemory);
+}
+
+#[test]
+fn all_reduce_of_4_mib_matches_reference_on_2_processes_over_tcp() {
+    all_reduce_matches_reference_on(2, Link::Tcp);
 }
 
 #[test]
 fn all_reduce_of_4_mib_matches_reference_on_4_processes() {
-    all_reduce_matches_reference_on(4);
+    all_reduce_matches_reference_on(4, Link::SharedMemory);
 }
 
 #[test]
 fn kill_9_of_a_rank_mid_all_reduce_fails_every_rank_naming_it() {
-    let mut launch = launch_check(4, &["--mib", "16", "--iters", "1000000"]);
-    let mut pids = Vec::new();
+    kill_9_of_a_rank_mid_all_reduce(Link::SharedMemory);
+}
+
+#[test]
+fn kill_9_of_a_rank_mid_all_reduce_over_tcp_fails_every_rank_naming_it() {
+    kill_9_of_a_rank_mid_all_reduce(Link::Tcp);
+}
+
+fn kill_9_of_a_rank_mid_all_reduce(link: Link) {
+    let mut launch = launch_check(4, link, &["--mib", "16", "--iters", "1000000"]);
+    let pids = wait_joined(&mut launch, 4, link);
     for rank in 0..4 {
-        let joined = format!("[rank {rank}] rank {rank}: pid ");
-        let line = launch
-            .wait_for_line(|l| l.starts_with(&joined), within(60))
-            .unwrap();
-        pids.push(
-            line[joined.len()..]
-                .split(' ')
-                .next()
-                .unwrap()
-                .parse::<i32>()
-                .unwrap(),
-        );
         let verified = format!("[rank {rank}] rank {rank}: first all_reduce verified");
         launch.wait_for_line(|l| l == verified, within(60)).unwrap();
     }

@@ -10,7 +10,7 @@ use std::sync::OnceLock;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
 use std::time::{Duration, Instant};
 
-use super::{Abort, Rx, Transport, Tx, check_header};
+use super::{Abort, Link, Rx, Transport, Tx, check_header};
 use crate::wire::Header;
 use crate::{CommError, OpDesc, Result};
 
@@ -174,6 +174,13 @@ impl Transport for LocalTransport {
 
     fn world(&self) -> usize {
         self.tx.inboxes.len()
+    }
+
+    fn links(&self) -> Vec<Option<Link>> {
+        let rank = self.rank();
+        (0..self.world())
+            .map(|peer| (peer != rank).then_some(Link::InProcess))
+            .collect()
     }
 
     fn parts(&mut self) -> (&dyn Tx, &mut dyn Rx, &dyn Abort) {

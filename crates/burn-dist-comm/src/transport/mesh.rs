@@ -8,7 +8,8 @@ use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
-use super::tcp::{PeerLink, TcpTransport};
+use super::link::DataLink;
+use super::process::{PeerLink, ProcessTransport};
 use crate::store::{StoreClient, tokens_match};
 use crate::{CommConfig, CommError, Result};
 
@@ -31,7 +32,7 @@ pub(crate) fn connect(
     store: &StoreClient,
     token: &str,
     config: &CommConfig,
-) -> Result<TcpTransport> {
+) -> Result<ProcessTransport> {
     let ip = store.local_ip();
     let listener =
         TcpListener::bind((ip, 0)).map_err(|e| CommError::io(format!("listening on {ip}"), e))?;
@@ -45,7 +46,10 @@ pub(crate) fn connect(
         let peer_addr = peer_address(store, peer)?;
         let data = dial(peer_addr, peer, rank, world, token, DATA)?;
         let control = dial(peer_addr, peer, rank, world, token, CONTROL)?;
-        *link = Some(PeerLink { data, control });
+        *link = Some(PeerLink {
+            data: DataLink::Tcp(data),
+            control,
+        });
     }
     accept_higher(
         &listener,
@@ -55,8 +59,17 @@ pub(crate) fn connect(
         config.join_timeout,
         &mut links,
     )?;
-    TcpTransport::new(rank, links, config.timeout)
-        .map_err(|e| CommError::io("setting up peer sockets", e))
+    #[cfg(target_os = "linux")]
+    for (peer, shm) in super::shm::link_same_host_peers(rank, world, store, config)?
+        .into_iter()
+        .enumerate()
+    {
+        if let (Some(shm), Some(link)) = (shm, &mut links[peer]) {
+            link.data = DataLink::SharedMemory(shm);
+        }
+    }
+    ProcessTransport::new(rank, links, config.timeout)
+        .map_err(|e| CommError::io("setting up peer links", e))
 }
 
 fn peer_address(store: &StoreClient, peer: usize) -> Result<SocketAddr> {
@@ -164,7 +177,10 @@ fn accept_higher(
     }
     for (peer, [data, control]) in pending.into_iter().enumerate().skip(rank + 1) {
         let (data, control) = (data.expect("all data links in"), control.expect("all in"));
-        links[peer] = Some(PeerLink { data, control });
+        links[peer] = Some(PeerLink {
+            data: DataLink::Tcp(data),
+            control,
+        });
     }
     Ok(())
 }

@@ -2,12 +2,18 @@
 //! collective is built from.
 //!
 //! A transport moves framed byte messages between ranks: in-process channels for unit tests
-//! (`local`) or TCP sockets between processes (`tcp`). The collectives in `algorithms` know
-//! nothing about which one they run on.
+//! (`local`) or, between processes (`process`), TCP sockets and, for ranks on one host,
+//! shared-memory rings (`shm`). The collectives in `algorithms` know nothing about which one
+//! they run on.
 
+pub(crate) mod link;
 pub(crate) mod local;
 pub(crate) mod mesh;
-pub(crate) mod tcp;
+pub(crate) mod process;
+#[cfg(target_os = "linux")]
+pub(crate) mod shm;
+
+pub use link::Link;
 
 use crate::wire::Header;
 use crate::{CommError, OpDesc, Result};
@@ -42,6 +48,8 @@ pub(crate) trait Transport: Send {
     fn world(&self) -> usize;
     /// Both sides at once, so one thread can send while another receives.
     fn parts(&mut self) -> (&dyn Tx, &mut dyn Rx, &dyn Abort);
+    /// How the data reaches each peer (`None` for this rank).
+    fn links(&self) -> Vec<Option<Link>>;
     /// Aborts the group with `error` (see [`Abort::abort`]).
     fn abort(&mut self, error: CommError) -> CommError {
         self.parts().2.abort(error)
@@ -52,15 +60,34 @@ pub(crate) trait Transport: Send {
 }
 
 /// Sends every `(peer, bytes)` of `sends` in order while receiving every `(peer, buffer)` of
-/// `recvs` in order. Sending runs on a helper thread so that two ranks that send to each other
-/// at once cannot block each other on full socket buffers.
-///
-/// On any failure the group is aborted and the root cause is returned.
+/// `recvs` in order. See [`exchange_with`].
 pub(crate) fn exchange(
     transport: &mut dyn Transport,
     op: &OpDesc,
     sends: &[(usize, &[u8])],
     recvs: &mut [(usize, &mut [u8])],
+) -> Result<()> {
+    let inline = recvs.is_empty();
+    exchange_with(transport, op, sends, inline, |rx| {
+        for (peer, out) in recvs.iter_mut() {
+            rx.recv(*peer, op, out)?;
+        }
+        Ok(())
+    })
+}
+
+/// Sends every `(peer, bytes)` of `sends` in order while `receive` takes the messages it
+/// expects from the receiving side. Sending runs on a helper thread so that two ranks that
+/// send to each other at once cannot block each other on full socket buffers or rings; with
+/// `inline` (nothing to receive, or nothing to send) both run on this thread, sends first.
+///
+/// On any failure the group is aborted and the root cause is returned.
+pub(crate) fn exchange_with(
+    transport: &mut dyn Transport,
+    op: &OpDesc,
+    sends: &[(usize, &[u8])],
+    inline: bool,
+    receive: impl FnOnce(&mut dyn Rx) -> Result<()>,
 ) -> Result<()> {
     let (tx, rx, abort) = transport.parts();
     if let Some(failure) = abort.failure() {
@@ -73,15 +100,8 @@ pub(crate) fn exchange(
         }
         Ok(())
     };
-    let inline = sends.is_empty() || recvs.is_empty();
-    let mut recv_all = || -> Result<()> {
-        for (peer, out) in recvs.iter_mut() {
-            rx.recv(*peer, op, out)
-                .inspect_err(|e| _ = abort.abort(e.clone()))?;
-        }
-        Ok(())
-    };
-    let (sent, received) = if inline {
+    let recv_all = || receive(rx).inspect_err(|e| _ = abort.abort(e.clone()));
+    let (sent, received) = if inline || sends.is_empty() {
         (send_all(), recv_all())
     } else {
         std::thread::scope(|scope| {

@@ -1,10 +1,11 @@
-//! TCP transport between processes. Each pair of ranks shares two connections:
-//! - a data connection, read and written directly from and into the collective's buffers;
-//! - a control connection, watched by one thread per peer, that carries aborts and goodbyes.
+//! The transport between processes. Each pair of ranks shares two links:
+//! - a data link, read and written directly from and into the collective's buffers: a TCP
+//!   connection, or for two ranks on one host a pair of shared-memory rings (`shm`);
+//! - a TCP control connection, watched by one thread per peer, that carries aborts and goodbyes.
 //!
 //! The control connection is what makes failures loud and fast: when a peer dies, the kernel
 //! closes its sockets, every rank's watchdog sees it at once (not only the ranks that happen
-//! to be reading from the dead peer), records who died, and shuts this rank's data sockets so
+//! to be reading from the dead peer), records who died, and shuts this rank's data links so
 //! that whatever send or receive is blocked returns and reports that root cause.
 
 use std::io::{self, Read, Write};
@@ -14,6 +15,7 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use super::link::{DataLink, Link};
 use super::{Abort, Rx, Transport, Tx, check_header};
 use crate::wire::{HEADER_LEN, Header};
 use crate::{CommError, OpDesc, Result};
@@ -23,28 +25,28 @@ const CONTROL_GOODBYE: u8 = 2;
 /// Abort reasons longer than this are cut; they are one-line messages.
 const MAX_REASON: usize = 4096;
 
-/// The two connections to one peer.
+/// The two links to one peer.
 pub(crate) struct PeerLink {
-    pub data: TcpStream,
+    pub data: DataLink,
     pub control: TcpStream,
 }
 
-pub(crate) struct TcpTransport {
+pub(crate) struct ProcessTransport {
     rank: usize,
     world: usize,
-    tx: TcpTx,
-    rx: TcpRx,
+    tx: ProcessTx,
+    rx: ProcessRx,
     shared: Arc<Shared>,
     watchdogs: Vec<JoinHandle<()>>,
 }
 
-struct TcpTx {
-    data: Vec<Option<TcpStream>>,
+struct ProcessTx {
+    data: Vec<Option<DataLink>>,
     shared: Arc<Shared>,
 }
 
-struct TcpRx {
-    data: Vec<Option<TcpStream>>,
+struct ProcessRx {
+    data: Vec<Option<DataLink>>,
     shared: Arc<Shared>,
 }
 
@@ -53,7 +55,7 @@ struct Shared {
     rank: usize,
     timeout: Duration,
     failure: OnceLock<CommError>,
-    data: Vec<Option<TcpStream>>,
+    data: Vec<Option<DataLink>>,
     control: Vec<Option<Mutex<TcpStream>>>,
     departed: Vec<AtomicBool>,
     closing: AtomicBool,
@@ -67,7 +69,7 @@ struct Shared {
 /// race on the receiving side.
 const ABORT_GRACE: Duration = Duration::from_millis(500);
 
-impl TcpTransport {
+impl ProcessTransport {
     /// Wraps established links; `links[rank]` must be `None`.
     pub(crate) fn new(
         rank: usize,
@@ -75,16 +77,8 @@ impl TcpTransport {
         timeout: Duration,
     ) -> io::Result<Self> {
         let world = links.len();
-        let clone_all = |pick: &dyn Fn(&PeerLink) -> &TcpStream| -> io::Result<Vec<_>> {
-            links
-                .iter()
-                .map(|l| l.as_ref().map(|l| pick(l).try_clone()).transpose())
-                .collect()
-        };
         for link in links.iter().flatten() {
-            link.data.set_nodelay(true)?;
-            link.data.set_read_timeout(Some(timeout))?;
-            link.data.set_write_timeout(Some(timeout))?;
+            link.data.configure(timeout)?;
             link.control.set_nodelay(true)?;
             link.control.set_read_timeout(None)?;
             link.control
@@ -94,8 +88,8 @@ impl TcpTransport {
             rank,
             timeout,
             failure: OnceLock::new(),
-            data: clone_all(&|l| &l.data)?,
-            control: clone_all(&|l| &l.control)?
+            data: clone_each(&links, |l| l.data.try_clone())?,
+            control: clone_each(&links, |l| l.control.try_clone())?
                 .into_iter()
                 .map(|c| c.map(Mutex::new))
                 .collect(),
@@ -103,12 +97,12 @@ impl TcpTransport {
             closing: AtomicBool::new(false),
             failed: (Mutex::new(()), Condvar::new()),
         });
-        let tx = TcpTx {
-            data: clone_all(&|l| &l.data)?,
+        let tx = ProcessTx {
+            data: clone_each(&links, |l| l.data.try_clone())?,
             shared: shared.clone(),
         };
-        let rx = TcpRx {
-            data: clone_all(&|l| &l.data)?,
+        let rx = ProcessRx {
+            data: clone_each(&links, |l| l.data.try_clone())?,
             shared: shared.clone(),
         };
         let mut watchdogs = Vec::new();
@@ -121,7 +115,7 @@ impl TcpTransport {
                 watchdogs.push(watchdog);
             }
         }
-        Ok(TcpTransport {
+        Ok(ProcessTransport {
             rank,
             world,
             tx,
@@ -130,6 +124,17 @@ impl TcpTransport {
             watchdogs,
         })
     }
+}
+
+/// One more handle to some part of every peer's links.
+fn clone_each<T>(
+    links: &[Option<PeerLink>],
+    clone: impl Fn(&PeerLink) -> io::Result<T>,
+) -> io::Result<Vec<Option<T>>> {
+    links
+        .iter()
+        .map(|l| l.as_ref().map(&clone).transpose())
+        .collect()
 }
 
 /// Reads `peer`'s control connection until it closes, turning aborts and unexpected closes
@@ -241,8 +246,8 @@ impl Abort for Shared {
             if !matches!(cause, CommError::Aborted { .. }) {
                 self.send_control(CONTROL_ABORT, &cause.to_string());
             }
-            for stream in self.data.iter().flatten() {
-                _ = stream.shutdown(Shutdown::Both);
+            for link in self.data.iter().flatten() {
+                link.shutdown();
             }
         }
         cause.clone()
@@ -253,23 +258,21 @@ impl Abort for Shared {
     }
 }
 
-impl Tx for TcpTx {
+impl Tx for ProcessTx {
     fn send(&self, peer: usize, op: &OpDesc, payload: &[u8]) -> Result<()> {
-        let mut stream = self.data[peer].as_ref().expect("no link to self");
+        let link = self.data[peer].as_ref().expect("no link to self");
         let header = Header::for_op(op).with_len(payload.len()).encode();
-        stream
-            .write_all(&header)
-            .and_then(|()| stream.write_all(payload))
+        link.write_all(&header)
+            .and_then(|()| link.write_all(payload))
             .map_err(|e| self.shared.io_error(peer, op, e))
     }
 }
 
-impl Rx for TcpRx {
+impl Rx for ProcessRx {
     fn recv(&mut self, peer: usize, op: &OpDesc, out: &mut [u8]) -> Result<()> {
-        let mut stream = self.data[peer].as_ref().expect("no link to self");
+        let link = self.data[peer].as_ref().expect("no link to self");
         let mut header = [0u8; HEADER_LEN];
-        stream
-            .read_exact(&mut header)
+        link.read_exact(&mut header)
             .map_err(|e| self.shared.io_error(peer, op, e))?;
         let got = Header::decode(&header).map_err(|got| CommError::Mismatch {
             peer,
@@ -278,13 +281,12 @@ impl Rx for TcpRx {
             got,
         })?;
         check_header(peer, op, got, out.len())?;
-        stream
-            .read_exact(out)
+        link.read_exact(out)
             .map_err(|e| self.shared.io_error(peer, op, e))
     }
 }
 
-impl Transport for TcpTransport {
+impl Transport for ProcessTransport {
     fn rank(&self) -> usize {
         self.rank
     }
@@ -295,6 +297,14 @@ impl Transport for TcpTransport {
 
     fn parts(&mut self) -> (&dyn Tx, &mut dyn Rx, &dyn Abort) {
         (&self.tx, &mut self.rx, &*self.shared)
+    }
+
+    fn links(&self) -> Vec<Option<Link>> {
+        self.tx
+            .data
+            .iter()
+            .map(|l| l.as_ref().map(DataLink::kind))
+            .collect()
     }
 
     fn close(&mut self) {

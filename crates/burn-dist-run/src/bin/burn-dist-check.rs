@@ -60,9 +60,13 @@ fn run(args: Args) -> Result<(), String> {
     let group = init(CommConfig::default()).map_err(|e| format!("error: joining the job: {e}"))?;
     let (rank, world) = (group.info.rank, group.info.world_size);
     let fail = |e| format!("rank {rank}: error: {e}");
+    let links: Vec<String> = (group.comm.links().iter().enumerate())
+        .filter_map(|(peer, link)| link.map(|link| format!("{peer} {link}")))
+        .collect();
     println!(
-        "rank {rank}: pid {} joined a group of {world}",
-        std::process::id()
+        "rank {rank}: pid {} joined a group of {world}; data links: {}",
+        std::process::id(),
+        links.join(", ")
     );
 
     let dtype = match args.dtype {
