@@ -14,7 +14,7 @@ use std::net::{TcpListener, TcpStream};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use burn_dist_comm::testing::{mesh_group, rank_data};
+use burn_dist_comm::testing::{linked_group, rank_data};
 use burn_dist_comm::{CommConfig, Communicator, DType, HostBuffer, Link, ReduceOp};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 
@@ -67,13 +67,7 @@ fn all_reduce_tcp(c: &mut Criterion) {
 }
 
 fn all_reduce(c: &mut Criterion, name: &str, link: Link) {
-    let config = CommConfig::default().with_shared_memory(link == Link::SharedMemory);
-    let (_store, mut comms) = mesh_group(2, &config);
-    assert_eq!(
-        comms[0].links()[1],
-        Some(link),
-        "the group is not linked by {link:?}"
-    );
+    let (_store, mut comms) = linked_group(2, &CommConfig::default(), link);
     let peer = comms.pop().expect("rank 1");
     let rank0 = comms.pop().expect("rank 0");
     let len = BYTES / 4;

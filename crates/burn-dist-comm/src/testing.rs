@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use half::{bf16, f16};
 
 use crate::store::{StoreClient, StoreServer};
-use crate::{CommConfig, DType, HostBuffer, HostCommunicator, ReduceOp};
+use crate::{CommConfig, DType, HostBuffer, HostCommunicator, Link, ReduceOp};
 
 /// SplitMix64: a tiny, well-mixed generator, so data depends only on (seed, rank, index).
 fn splitmix(state: u64) -> u64 {
@@ -120,4 +120,23 @@ pub fn mesh_group(world: usize, config: &CommConfig) -> (StoreServer, Vec<HostCo
             .collect()
     });
     (server, comms)
+}
+
+/// A [`mesh_group`] whose every pair must be linked by `link` (`Tcp` or `SharedMemory`; shared
+/// memory is allowed only for the latter). Panics otherwise, so that a silent fallback cannot
+/// pass for the transport under test.
+pub fn linked_group(
+    world: usize,
+    config: &CommConfig,
+    link: Link,
+) -> (StoreServer, Vec<HostCommunicator>) {
+    let config = config
+        .clone()
+        .with_shared_memory(link == Link::SharedMemory);
+    let (store, comms) = mesh_group(world, &config);
+    for (rank, comm) in comms.iter().enumerate() {
+        let want: Vec<_> = (0..world).map(|q| (q != rank).then_some(link)).collect();
+        assert_eq!(comm.links(), want, "rank {rank}'s links");
+    }
+    (store, comms)
 }

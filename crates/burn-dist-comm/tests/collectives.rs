@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use burn_dist_comm::testing::{mesh_group, rank_data, reference_reduce, run_ranks};
+use burn_dist_comm::testing::{linked_group, rank_data, reference_reduce, run_ranks};
 use burn_dist_comm::{
     CommConfig, Communicator, DType, HostBuffer, HostCommunicator, Link, ReduceOp, chunk_range,
 };
@@ -25,32 +25,19 @@ enum Wire {
     Shm,
 }
 
-/// Runs `f` on `world` ranks connected by `wire`, after checking that every pair really is.
+/// Runs `f` on `world` ranks connected by `wire` (checked: see [`linked_group`]).
 fn with_group<T: Send>(
     wire: Wire,
     world: usize,
     f: impl Fn(usize, HostCommunicator) -> T + Sync,
 ) -> Vec<T> {
-    let (store, comms, link) = match wire {
-        Wire::Local => (
-            None,
-            HostCommunicator::local_group(world, &config()),
-            Link::InProcess,
-        ),
-        Wire::Tcp | Wire::Shm => {
-            let shm = matches!(wire, Wire::Shm);
-            let (store, comms) = mesh_group(world, &config().with_shared_memory(shm));
-            let link = if shm { Link::SharedMemory } else { Link::Tcp };
-            (Some(store), comms, link)
-        }
+    let link = match wire {
+        Wire::Local => return run_ranks(HostCommunicator::local_group(world, &config()), f),
+        Wire::Tcp => Link::Tcp,
+        Wire::Shm => Link::SharedMemory,
     };
-    for (rank, comm) in comms.iter().enumerate() {
-        let want: Vec<_> = (0..world).map(|q| (q != rank).then_some(link)).collect();
-        assert_eq!(comm.links(), want, "rank {rank}'s links");
-    }
-    let results = run_ranks(comms, f);
-    drop(store);
-    results
+    let (_store, comms) = linked_group(world, &config(), link);
+    run_ranks(comms, f)
 }
 
 /// The (dtype, op) pairs that are defined: every float op, and max on bytes.

@@ -4,7 +4,7 @@
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use burn_dist_comm::testing::{mesh_group, run_ranks};
+use burn_dist_comm::testing::{linked_group, run_ranks};
 use burn_dist_comm::{
     CommConfig, CommError, Communicator, HostBuffer, HostCommunicator, Link, ReduceOp,
 };
@@ -49,14 +49,13 @@ fn departed_rank_is_named_by_every_survivor_in_process() {
 
 #[test]
 fn departed_rank_is_named_by_every_survivor_over_tcp() {
-    let (_store, comms) = mesh_group(3, &config(30_000).with_shared_memory(false));
+    let (_store, comms) = linked_group(3, &config(30_000), Link::Tcp);
     departed_rank_is_named_by_every_survivor(comms);
 }
 
 #[test]
 fn departed_rank_is_named_by_every_survivor_over_shared_memory() {
-    let (_store, comms) = mesh_group(3, &config(30_000));
-    assert_eq!(comms[0].links()[2], Some(Link::SharedMemory));
+    let (_store, comms) = linked_group(3, &config(30_000), Link::SharedMemory);
     departed_rank_is_named_by_every_survivor(comms);
 }
 
@@ -97,14 +96,13 @@ fn silent_rank_times_out_naming_it_in_process() {
 #[test]
 fn silent_rank_times_out_naming_it_over_tcp() {
     // The mesh is built with a generous timeout; only the collective's wait is short.
-    let (_store, comms) = mesh_group(2, &config(300).with_shared_memory(false));
+    let (_store, comms) = linked_group(2, &config(300), Link::Tcp);
     silent_rank_times_out_naming_it(comms);
 }
 
 #[test]
 fn silent_rank_times_out_naming_it_over_shared_memory() {
-    let (_store, comms) = mesh_group(2, &config(300));
-    assert_eq!(comms[0].links()[1], Some(Link::SharedMemory));
+    let (_store, comms) = linked_group(2, &config(300), Link::SharedMemory);
     silent_rank_times_out_naming_it(comms);
 }
 
@@ -132,14 +130,13 @@ fn mismatched_sizes_are_reported_not_garbage() {
 
 #[test]
 fn mismatched_collectives_over_tcp_are_reported() {
-    let (_store, comms) = mesh_group(2, &config(30_000).with_shared_memory(false));
+    let (_store, comms) = linked_group(2, &config(30_000), Link::Tcp);
     mismatched_collectives_are_reported(comms);
 }
 
 #[test]
 fn mismatched_collectives_over_shared_memory_are_reported() {
-    let (_store, comms) = mesh_group(2, &config(30_000));
-    assert_eq!(comms[0].links()[1], Some(Link::SharedMemory));
+    let (_store, comms) = linked_group(2, &config(30_000), Link::SharedMemory);
     mismatched_collectives_are_reported(comms);
 }
 
