@@ -8,7 +8,8 @@
 //! Setting up a pair goes through the store and needs no extra connection: each rank publishes
 //! its host identity, creates one ring to every peer with the same identity, publishes the
 //! ring's path, opens the peers' rings to itself and says whether that worked; then each
-//! creator unlinks its files, so nothing is left in `/dev/shm` even if a rank is killed later.
+//! creator unlinks its files, so nothing is left in `/dev/shm` once the set-up is over, whether
+//! it succeeded or failed (only a rank killed *during* the set-up can leave its files behind).
 //! A pair uses shared memory only if both rings of it opened; otherwise (two containers with
 //! separate `/dev/shm`, a full `/dev/shm`, shared memory turned off on either rank) it keeps its
 //! TCP data connection. Both ranks of a pair read the same four facts, so they always agree.
@@ -39,16 +40,53 @@ pub(crate) struct ShmLink {
     pub inbound: Arc<Ring>,
 }
 
-fn host_key(rank: usize) -> String {
-    format!("burn-dist/shm/host/{rank}")
+/// The store keys of one set-up. They carry the set-up's generation (how many times this rank
+/// has connected through this store, the same count on every rank of a group), so that a
+/// second group on the same store never reads the first one's values.
+struct Keys {
+    generation: i64,
 }
 
-fn ring_key(writer: usize, reader: usize) -> String {
-    format!("burn-dist/shm/ring/{writer}/{reader}")
+impl Keys {
+    fn new(rank: usize, store: &StoreClient) -> Result<Keys> {
+        let generation = store.add(&format!("burn-dist/shm/connects/{rank}"), 1)?;
+        Ok(Keys { generation })
+    }
+
+    fn host(&self, rank: usize) -> String {
+        format!("burn-dist/shm/{}/host/{rank}", self.generation)
+    }
+
+    fn ring(&self, writer: usize, reader: usize) -> String {
+        format!("burn-dist/shm/{}/ring/{writer}/{reader}", self.generation)
+    }
+
+    fn opened(&self, writer: usize, reader: usize) -> String {
+        format!("burn-dist/shm/{}/opened/{writer}/{reader}", self.generation)
+    }
 }
 
-fn opened_key(writer: usize, reader: usize) -> String {
-    format!("burn-dist/shm/opened/{writer}/{reader}")
+/// The rings this rank created, by reader. Whatever is still here when it drops (an error
+/// before every peer confirmed) has its file unlinked, so no way out of the set-up leaves a
+/// file in `/dev/shm`.
+struct Created(Vec<Option<(PathBuf, Ring)>>);
+
+impl Created {
+    /// The ring to `peer`, its file unlinked: from now on only the two mappings hold it.
+    fn take(&mut self, peer: usize) -> Option<Ring> {
+        self.0[peer].take().map(|(path, ring)| {
+            _ = std::fs::remove_file(&path);
+            ring
+        })
+    }
+}
+
+impl Drop for Created {
+    fn drop(&mut self) {
+        for (path, _) in self.0.iter().flatten() {
+            _ = std::fs::remove_file(path);
+        }
+    }
 }
 
 /// What two ranks must share to map the same file: the running kernel (its boot id) and the
@@ -81,25 +119,26 @@ pub(crate) fn link_same_host_peers(
     store: &StoreClient,
     config: &CommConfig,
 ) -> Result<Vec<Option<ShmLink>>> {
+    let keys = Keys::new(rank, store)?;
     let identity = config.shared_memory.then(host_identity).flatten();
     store.set(
-        &host_key(rank),
+        &keys.host(rank),
         identity.as_deref().unwrap_or("").as_bytes(),
     )?;
     let mut same_host = vec![false; world];
     if let Some(identity) = &identity {
         for (peer, same) in same_host.iter_mut().enumerate() {
-            *same = peer != rank && store.get(&host_key(peer))? == identity.as_bytes();
+            *same = peer != rank && store.get(&keys.host(peer))? == identity.as_bytes();
         }
     }
     let peers = || (0..world).filter(|&peer| same_host[peer]);
 
     // Rings this rank writes: created and published before any wait, so no rank waits on another.
-    let mut outbound: Vec<Option<(PathBuf, Ring)>> = (0..world).map(|_| None).collect();
+    let mut outbound = Created((0..world).map(|_| None).collect());
     for peer in peers() {
         let path = ring_path(rank, peer);
         match Ring::create(&path, rank, peer, RING_BYTES, config.timeout) {
-            Ok(ring) => outbound[peer] = Some((path, ring)),
+            Ok(ring) => outbound.0[peer] = Some((path, ring)),
             Err(e) => tracing::warn!(
                 rank,
                 peer,
@@ -107,9 +146,9 @@ pub(crate) fn link_same_host_peers(
                 path.display()
             ),
         }
-        let published = outbound[peer].as_ref().map_or(Path::new(""), |(p, _)| p);
+        let published = outbound.0[peer].as_ref().map_or(Path::new(""), |(p, _)| p);
         store.set(
-            &ring_key(rank, peer),
+            &keys.ring(rank, peer),
             published.as_os_str().as_encoded_bytes(),
         )?;
     }
@@ -117,7 +156,7 @@ pub(crate) fn link_same_host_peers(
     // Rings this rank reads, and whether each opened.
     let mut inbound: Vec<Option<Ring>> = (0..world).map(|_| None).collect();
     for peer in peers() {
-        let path = String::from_utf8_lossy(&store.get(&ring_key(peer, rank))?).into_owned();
+        let path = String::from_utf8_lossy(&store.get(&keys.ring(peer, rank))?).into_owned();
         let verdict = if path.is_empty() {
             b"not created".to_vec()
         } else {
@@ -129,17 +168,13 @@ pub(crate) fn link_same_host_peers(
                 Err(e) => format!("rank {rank} cannot open {path}: {e}").into_bytes(),
             }
         };
-        store.set(&opened_key(peer, rank), &verdict)?;
+        store.set(&keys.opened(peer, rank), &verdict)?;
     }
 
     let mut links: Vec<Option<ShmLink>> = (0..world).map(|_| None).collect();
     for peer in peers() {
-        let verdict = store.get(&opened_key(rank, peer))?;
-        let mine = outbound[peer].take().map(|(path, ring)| {
-            _ = std::fs::remove_file(&path);
-            ring
-        });
-        match (mine, inbound[peer].take()) {
+        let verdict = store.get(&keys.opened(rank, peer))?;
+        match (outbound.take(peer), inbound[peer].take()) {
             (Some(out), Some(inb)) if verdict == OPENED => {
                 links[peer] = Some(ShmLink {
                     outbound: Arc::new(out),

@@ -25,6 +25,8 @@ const CONTROL_BYTES: usize = 4096;
 /// A write or read moves at most this fraction of the ring before it tells the other side, so
 /// that the reader copies one piece out while the writer copies the next one in.
 const PIECES: usize = 4;
+/// The smallest ring: each move must be able to carry at least one byte.
+const MIN_CAPACITY: usize = PIECES;
 /// Checks of the other side's position before sleeping: enough to catch a peer that is about to
 /// move without a system call, few enough not to steal a core from it.
 const SPINS: u32 = 16;
@@ -77,6 +79,10 @@ impl Ring {
         capacity: usize,
         timeout: Duration,
     ) -> io::Result<Ring> {
+        if capacity < MIN_CAPACITY {
+            let why = format!("a ring needs at least {MIN_CAPACITY} bytes, not {capacity}");
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, why));
+        }
         let file = OpenOptions::new()
             .read(true)
             .write(true)
@@ -111,7 +117,7 @@ impl Ring {
         let file = OpenOptions::new().read(true).write(true).open(path)?;
         let len = file.metadata()?.len() as usize;
         let invalid = |what: String| io::Error::new(io::ErrorKind::InvalidData, what);
-        if len <= CONTROL_BYTES {
+        if len < CONTROL_BYTES + MIN_CAPACITY {
             return Err(invalid(format!("{len} bytes is too short for a ring")));
         }
         let ring = Ring::map(&file, len - CONTROL_BYTES, timeout)?;
@@ -156,10 +162,12 @@ impl Ring {
     pub(crate) fn write_all(&self, mut bytes: &[u8]) -> io::Result<()> {
         let control = self.control();
         while !bytes.is_empty() {
-            let used = || control.written.0.load(SeqCst) - control.read.0.load(SeqCst);
+            let used =
+                || (control.written.0.load(SeqCst)).wrapping_sub(control.read.0.load(SeqCst));
             self.wait(&control.space.0, || used() < self.capacity as u64)?;
             let at = control.written.0.load(SeqCst);
-            let free = self.capacity - used() as usize;
+            // Saturating: positions a broken peer corrupted must not wrap into a huge count.
+            let free = self.capacity.saturating_sub(used() as usize);
             let n = free.min(bytes.len()).min(self.capacity / PIECES);
             let start = (at % self.capacity as u64) as usize;
             let first = n.min(self.capacity - start);
@@ -180,7 +188,8 @@ impl Ring {
     pub(crate) fn read_exact(&self, mut out: &mut [u8]) -> io::Result<()> {
         let control = self.control();
         while !out.is_empty() {
-            let held = || control.written.0.load(SeqCst) - control.read.0.load(SeqCst);
+            let held =
+                || (control.written.0.load(SeqCst)).wrapping_sub(control.read.0.load(SeqCst));
             self.wait(&control.data.0, || held() > 0)?;
             let at = control.read.0.load(SeqCst);
             let n = (held() as usize).min(out.len()).min(self.capacity / PIECES);
@@ -221,21 +230,30 @@ impl Ring {
     /// `sleepers` (all sequentially consistent). Either the other side sees the sleeper and
     /// wakes it, or the sleeper's last check sees the move, or the futex sees `seq` changed.
     fn wait(&self, signal: &Signal, ready: impl Fn() -> bool) -> io::Result<()> {
-        let deadline = Instant::now() + self.timeout;
+        // A timeout too large to add is no deadline at all.
+        let deadline = Instant::now().checked_add(self.timeout);
         let mut spins = 0;
         loop {
             if ready() {
                 return Ok(());
             }
             if self.closed() {
-                return Err(io::ErrorKind::BrokenPipe.into());
+                // The other side moves before it closes: the close seen, a last look sees
+                // its last move (a move between the first look and the close is not lost).
+                return if ready() {
+                    Ok(())
+                } else {
+                    Err(io::ErrorKind::BrokenPipe.into())
+                };
             }
             if spins < SPINS {
                 spins += 1;
                 std::hint::spin_loop();
                 continue;
             }
-            let left = deadline.saturating_duration_since(Instant::now());
+            let left = deadline.map_or(Duration::MAX, |d| {
+                d.saturating_duration_since(Instant::now())
+            });
             if left.is_zero() {
                 return Err(io::ErrorKind::TimedOut.into());
             }
@@ -399,6 +417,9 @@ mod tests {
             Ring::create(&path, 1, 2, 4096, timeout).is_err(),
             "create must not reuse"
         );
+        let tiny = Ring::create(&path.with_extension("tiny"), 1, 2, 3, timeout).err();
+        let tiny = tiny.expect("a 3-byte ring must be refused").to_string();
+        assert!(tiny.contains("at least 4 bytes"), "{tiny}");
         std::fs::write(&path, vec![7u8; 8192]).expect("overwrite");
         let garbage = Ring::open(&path, 1, 2, timeout).err().expect("garbage");
         assert!(garbage.to_string().contains("bad magic"), "{garbage}");
