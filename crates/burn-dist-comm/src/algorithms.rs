@@ -102,14 +102,18 @@ pub(crate) fn reduce_scatter_in_place(
     let chunks = count_bytes(counts, elem);
     let mut parts = split_by_sizes(data, chunks.iter().map(Range::len));
     let own = std::mem::take(&mut parts[rank]);
-    let pieces = chunks.iter().map(|c| c.len().div_ceil(PIECE_BYTES)).max();
-    let sends: Vec<(usize, &[u8])> = (0..pieces.unwrap_or(0))
+    let pieces = chunks
+        .iter()
+        .map(|c| c.len().div_ceil(PIECE_BYTES))
+        .max()
+        .unwrap_or(0);
+    let sends: Vec<(usize, &[u8])> = (0..pieces)
         .flat_map(|p| send_order(rank, world).map(move |q| (q, p)))
         .map(|(q, p)| (q, &parts[q][piece(parts[q].len(), p)]))
         .collect();
     let staging = scratch.bytes(own.len().min(PIECE_BYTES) * world);
     exchange_with(t, op, &sends, false, |rx| {
-        for p in 0..pieces.unwrap_or(0) {
+        for p in 0..pieces {
             let range = piece(own.len(), p);
             let mut slots = split_by_sizes(&mut *staging, std::iter::repeat_n(range.len(), world));
             for q in recv_order(rank, world) {
