@@ -120,19 +120,18 @@ fn generic_structs(ty: &str) -> impl Iterator<Item = &str> {
     })
 }
 
-/// burn-backend's directory, from `cargo metadata` (works wherever cargo has fetched the
-/// dependencies, including a fresh CI clone).
+/// burn-backend's directory, from `cargo metadata`.
+///
+/// `--filter-platform` with the host's triple matters: without it, `cargo metadata` needs every
+/// package of the lock file for every platform (Android, Windows, …), while a build downloads
+/// only the host's. Filtered, it works offline on any machine that built this test.
 pub fn burn_backend_dir() -> PathBuf {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml");
     let out = Command::new(cargo)
-        .args([
-            "metadata",
-            "--format-version",
-            "1",
-            "--offline",
-            "--manifest-path",
-        ])
+        .args(["metadata", "--format-version", "1", "--offline"])
+        .args(["--filter-platform", &host_triple()])
+        .arg("--manifest-path")
         .arg(&manifest)
         .output()
         .expect("run cargo metadata");
@@ -156,6 +155,20 @@ pub fn burn_backend_dir() -> PathBuf {
     assert_eq!(version, "0.21.0", "burn-backend is pinned to =0.21.0");
     let manifest = backend[0]["manifest_path"].as_str().expect("manifest_path");
     Path::new(manifest).parent().unwrap().to_path_buf()
+}
+
+/// The triple of the machine running this test, from the rustc that cargo uses.
+fn host_triple() -> String {
+    let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
+    let out = Command::new(&rustc)
+        .arg("-vV")
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run `{rustc} -vV`: {e}"));
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("host: "))
+        .unwrap_or_else(|| panic!("`{rustc} -vV` printed no `host:` line"))
+        .to_string()
 }
 
 /// The methods declared in `pub trait <name>` in `file` (not methods of impls or free functions).
