@@ -20,8 +20,6 @@ use burn_dist_kernels::testing::Rng;
 use burn_dist_kernels::{FusedAdam, Hyper, ModelCopy, ModelDtype, StepScalars, adam_update};
 use burn_flex::{Flex, FlexDevice};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use cubecl::Runtime;
-use cubecl::wgpu::{WgpuDevice, WgpuRuntime};
 
 /// Elements per shard: 4 Mi (16 MiB per f32 buffer), small enough for lavapipe.
 const LEN: usize = 1 << 22;
@@ -40,7 +38,7 @@ fn scalars() -> StepScalars {
 }
 
 fn wgpu(c: &mut Criterion) {
-    let fused = FusedAdam::new(WgpuRuntime::client(&WgpuDevice::DefaultDevice));
+    let fused = FusedAdam::new(burn_dist_kernels::testing::wgpu_client());
     let mut rng = Rng::new(1);
     let master = rng.nonzero_vec(LEN, 1e-2, 2.0);
     let grads = rng.nonzero_vec(LEN, 1e-3, 1.0);

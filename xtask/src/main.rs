@@ -5,6 +5,7 @@ use std::process::{Command, ExitCode};
 
 mod gpt;
 mod gpu_check;
+mod prerequisites;
 
 const USAGE: &str = "\
 usage: cargo xtask <task>
@@ -14,7 +15,11 @@ tasks:
                 the README's main command: 2 processes pretrain the tiny GPT on the
                 synthetic corpus through the launcher (release; extra ARGS go to
                 gpt-pretrain; see docs/gpt-pretrain.md)
-  test          every test of the workspace (what CI runs)
+  test          every test of the workspace (what CI runs); installs Mesa's lavapipe
+                (Vulkan on the CPU, for the kernel tests) with apt-get if it is missing
+  rehearse      the README's two commands as a newcomer runs them: a fresh clone in a
+                fresh Debian root (debootstrap + chroot) with only the Rust toolchain
+                and an empty cargo home (root; ~30 min; see docs/testing.md)
   integration   the multi-process tests only (launcher, real ranks on loopback)
   demo          2 processes train a transformer block data-parallel through the launcher
                 (release build; the smallest end-to-end run)
@@ -32,11 +37,16 @@ tasks:
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
-        Some("test") => cargo(&["test", "--workspace", "--all-targets", "--locked"]),
+        Some("test") => prerequisites::ensure_vulkan_driver()
+            .and_then(|()| cargo(&["test", "--workspace", "--all-targets", "--locked"])),
         Some("integration") => integration(),
+        Some("rehearse") => run(Command::new("bash")
+            .arg(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("rehearse.sh"))
+            .args(&args[1..])),
         Some("demo") => demo(),
         Some("fuzz") => fuzz(args.get(1).map_or("600", String::as_str)),
-        Some("bench") => cargo(&["bench", "-p", "burn-dist-benches"]),
+        Some("bench") => prerequisites::ensure_vulkan_driver()
+            .and_then(|()| cargo(&["bench", "-p", "burn-dist-benches"])),
         Some("gpu-check") => gpu_check::gpu_check(&args[1..]),
         Some("pretrain") => gpt::pretrain(&args[1..]),
         Some("soak") => gpt::soak(),

@@ -373,3 +373,23 @@ pub fn check_consecutive_steps<R: Runtime>(fused: &FusedAdam<R>, rng: &mut Rng) 
         assert!(err <= 1e-6, "step {step}: master vs f32 reference {err:e}");
     }
 }
+
+/// What to do when no Vulkan driver is found: the wgpu tests run on Mesa's software driver.
+#[cfg(feature = "wgpu")]
+pub const NO_VULKAN_ADAPTER: &str = "cubecl's wgpu runtime found no Vulkan adapter. On a machine \
+     without a GPU the kernel tests run on Mesa's software driver (lavapipe): install it with \
+     `apt-get install mesa-vulkan-drivers libvulkan1` (Debian/Ubuntu; `cargo xtask test` does \
+     this itself), or your distribution's Mesa Vulkan package";
+
+/// cubecl's wgpu client on the default adapter, for the tests and benches that run the kernels
+/// on machines without a GPU (Mesa's lavapipe).
+///
+/// Without a Vulkan driver cubecl panics deep inside its adapter selection ("No possible
+/// adapter available"); this catches that and fails with [`NO_VULKAN_ADAPTER`], which names
+/// the package to install.
+#[cfg(feature = "wgpu")]
+pub fn wgpu_client() -> cubecl::prelude::ComputeClient<cubecl::wgpu::WgpuRuntime> {
+    use cubecl::wgpu::{WgpuDevice, WgpuRuntime};
+    std::panic::catch_unwind(|| WgpuRuntime::client(&WgpuDevice::DefaultDevice))
+        .unwrap_or_else(|_| panic!("{NO_VULKAN_ADAPTER}"))
+}

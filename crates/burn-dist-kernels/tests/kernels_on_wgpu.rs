@@ -13,11 +13,10 @@ use burn_dist_kernels::testing::{
     Rng, check_consecutive_steps, check_fused_step_equals_f64_reference,
     check_half_precision_copies, check_inf_and_nan_skip_the_step,
 };
-use cubecl::Runtime;
-use cubecl::wgpu::{WgpuDevice, WgpuRuntime};
+use cubecl::wgpu::WgpuRuntime;
 
 fn fused() -> FusedAdam<WgpuRuntime> {
-    let client = WgpuRuntime::client(&WgpuDevice::DefaultDevice);
+    let client = burn_dist_kernels::testing::wgpu_client();
     println!("wgpu adapter: {:?}", client.properties().hardware);
     FusedAdam::new(client)
 }

@@ -11,8 +11,6 @@ use burn_dist::testing::{BurnAdamW, OptimizerKind, Stepper, Synthetic, assert_cl
 use burn_dist::{DdpConfig, DistributedBackend};
 use burn_dist_zero::ZeroAdamConfig;
 use burn_flex::{Flex, FlexDevice};
-use cubecl::Runtime;
-use cubecl::wgpu::{WgpuDevice, WgpuRuntime};
 
 type B = Autodiff<DistributedBackend<Flex>>;
 
@@ -29,7 +27,7 @@ impl OptimizerKind for OnDevice {
         B: AutodiffBackend,
         M: AutodiffModule<B> + 'static,
     {
-        let client = WgpuRuntime::client(&WgpuDevice::DefaultDevice);
+        let client = burn_dist_kernels::testing::wgpu_client();
         let zero = self
             .0
             .init::<B, M>(ddp, model)
@@ -96,7 +94,7 @@ fn device_state_exports_and_imports_exactly() {
     let model = ddp
         .prepare(Mlp::<B>::new(&MLP_SIZES, 7, &FlexDevice))
         .unwrap();
-    let client = || WgpuRuntime::client(&WgpuDevice::DefaultDevice);
+    let client = burn_dist_kernels::testing::wgpu_client;
     let host = ZeroAdamConfig::new().init::<B, _>(&ddp, &model).unwrap();
     let mut shard = host.export();
     // A state no fresh optimizer has: distinct values everywhere, 5 steps taken.

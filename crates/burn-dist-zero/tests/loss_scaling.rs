@@ -9,8 +9,6 @@ use burn_dist_comm::testing::run_ranks;
 use burn_dist_comm::{CommConfig, HostCommunicator};
 use burn_dist_zero::ZeroAdamConfig;
 use burn_flex::{Flex, FlexDevice};
-use cubecl::Runtime;
-use cubecl::wgpu::{WgpuDevice, WgpuRuntime};
 
 type B = Autodiff<DistributedBackend<Flex>>;
 
@@ -45,7 +43,7 @@ fn train(
                 .init::<B, _>(&ddp, &model)
                 .unwrap();
             if on_device {
-                let client = WgpuRuntime::client(&WgpuDevice::DefaultDevice);
+                let client = burn_dist_kernels::testing::wgpu_client();
                 zero = zero.on_device(client).unwrap();
             }
             let mut scaler = GradScalerConfig::new().with_growth_interval(2).init();
