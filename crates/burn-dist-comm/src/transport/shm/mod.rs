@@ -9,7 +9,9 @@
 //! its host identity, creates one ring to every peer with the same identity, publishes the
 //! ring's path, opens the peers' rings to itself and says whether that worked; then each
 //! creator unlinks its files, so nothing is left in `/dev/shm` once the set-up is over, whether
-//! it succeeded or failed (only a rank killed *during* the set-up can leave its files behind).
+//! it succeeded or failed. Only a rank killed *during* the set-up can leave its files behind;
+//! the next set-up on the host removes those ([`sweep_stale_rings`]: files named after a pid
+//! that no longer exists).
 //! A pair uses shared memory only if both rings of it opened; otherwise (two containers with
 //! separate `/dev/shm`, a full `/dev/shm`, shared memory turned off on either rank) it keeps its
 //! TCP data connection. Both ranks of a pair read the same four facts, so they always agree.
@@ -98,16 +100,77 @@ fn host_identity() -> Option<String> {
     Some(format!("{}/{}:{}", boot.trim(), dir.dev(), dir.ino()))
 }
 
-/// A fresh path for the ring from `writer` to `reader`, unique across jobs and retries.
+/// The start of every ring file's name; the creator's pid follows it.
+const RING_PREFIX: &str = "burn-dist-";
+
+/// A fresh path for the ring from `writer` to `reader`, unique across jobs and retries. The
+/// creator's pid and pid namespace come first, so that [`sweep_stale_rings`] can tell whose
+/// file it is.
 fn ring_path(writer: usize, reader: usize) -> PathBuf {
     let nanos = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
     let name = format!(
-        "burn-dist-{}-{nanos:x}-{writer}-to-{reader}",
-        std::process::id()
+        "{RING_PREFIX}{}-{:x}-{nanos:x}-{writer}-to-{reader}",
+        std::process::id(),
+        pid_namespace().unwrap_or(0)
     );
     Path::new(SHM_DIR).join(name)
+}
+
+/// This process's pid namespace (the inode of `/proc/self/ns/pid`). Containers that share a
+/// `/dev/shm` may each have their own: a pid seen in a file name is only meaningful in the
+/// namespace that wrote it.
+fn pid_namespace() -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self/ns/pid").ok().map(|m| m.ino())
+}
+
+/// Unlinks the ring files in `dir` that a dead process of this user and pid namespace created:
+/// a rank killed during the set-up (between creating its rings and the peers' confirmation)
+/// cannot unlink them itself, so the next job on the host does. Files of live processes
+/// (another job's set-up in progress), of other users or pid namespaces, and any other file are
+/// left alone. Returns how many files it removed.
+pub(crate) fn sweep_stale_rings(dir: &Path) -> usize {
+    use std::os::unix::fs::MetadataExt;
+    let (Ok(entries), Some(namespace)) = (std::fs::read_dir(dir), pid_namespace()) else {
+        return 0;
+    };
+    // SAFETY: getuid(2) cannot fail and touches no memory.
+    let me = unsafe { libc::getuid() };
+    let mut removed = 0;
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(RING_PREFIX))
+            .and_then(|rest| {
+                let mut fields = rest.split('-');
+                let pid = fields.next()?.parse::<libc::pid_t>().ok()?;
+                let ns = u64::from_str_radix(fields.next()?, 16).ok()?;
+                (pid > 0 && ns == namespace).then_some(pid)
+            })
+        else {
+            continue;
+        };
+        let owned = entry.metadata().is_ok_and(|m| m.is_file() && m.uid() == me);
+        if owned && !process_exists(pid) && std::fs::remove_file(entry.path()).is_ok() {
+            tracing::info!(
+                "removed {}, a shared-memory ring left by pid {pid}, which has exited",
+                entry.path().display()
+            );
+            removed += 1;
+        }
+    }
+    removed
+}
+
+/// Whether a process with this pid exists (a zombie counts: its parent has not reaped it yet,
+/// and it may still be a rank whose launcher is about to).
+fn process_exists(pid: libc::pid_t) -> bool {
+    // SAFETY: kill(2) with signal 0 sends nothing; it only checks that the pid exists.
+    let found = unsafe { libc::kill(pid, 0) } == 0;
+    found || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
 }
 
 /// Links this rank to every peer on the same host through shared memory, where both sides can;
@@ -121,6 +184,9 @@ pub(crate) fn link_same_host_peers(
 ) -> Result<Vec<Option<ShmLink>>> {
     let keys = Keys::new(rank, store)?;
     let identity = config.shared_memory.then(host_identity).flatten();
+    if identity.is_some() {
+        sweep_stale_rings(Path::new(SHM_DIR));
+    }
     store.set(
         &keys.host(rank),
         identity.as_deref().unwrap_or("").as_bytes(),
@@ -190,4 +256,76 @@ pub(crate) fn link_same_host_peers(
         }
     }
     Ok(links)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Link;
+
+    /// The pid of a process that has exited and been reaped.
+    fn dead_pid() -> u32 {
+        let mut child = std::process::Command::new("true")
+            .spawn()
+            .expect("spawn true");
+        child.wait().expect("wait for true");
+        child.id()
+    }
+
+    fn ring_file(dir: &Path, pid: u32, namespace: u64) -> PathBuf {
+        let path = dir.join(format!("{RING_PREFIX}{pid}-{namespace:x}-1f2e-0-to-1"));
+        std::fs::write(&path, b"ring").unwrap();
+        path
+    }
+
+    #[test]
+    fn sweep_removes_only_rings_of_exited_processes_of_this_pid_namespace() {
+        let dir = tempfile::tempdir().unwrap();
+        let namespace = pid_namespace().expect("/proc/self/ns/pid");
+        let dead = ring_file(dir.path(), dead_pid(), namespace);
+        let alive = ring_file(dir.path(), std::process::id(), namespace);
+        let other_namespace = ring_file(dir.path(), dead_pid(), namespace ^ 1);
+        let unrelated = dir.path().join("burn-dist-notapid-0-to-1");
+        std::fs::write(&unrelated, b"x").unwrap();
+
+        assert_eq!(sweep_stale_rings(dir.path()), 1);
+        assert!(!dead.exists(), "the exited process's ring must be removed");
+        assert!(
+            alive.exists(),
+            "a live process's ring (a set-up in progress) must stay"
+        );
+        assert!(
+            other_namespace.exists(),
+            "another pid namespace's pid means nothing here"
+        );
+        assert!(unrelated.exists());
+    }
+
+    /// The set-up itself sweeps: a ring left in `/dev/shm` by a rank killed during an earlier
+    /// job's set-up is gone once the next group on this host has linked.
+    #[test]
+    fn linking_a_group_sweeps_rings_left_by_exited_processes() {
+        let namespace = pid_namespace().expect("/proc/self/ns/pid");
+        let stale = ring_file(Path::new(SHM_DIR), dead_pid(), namespace);
+        let _group = crate::testing::linked_group(2, &CommConfig::default(), Link::SharedMemory);
+        let left = stale.exists();
+        _ = std::fs::remove_file(&stale);
+        assert!(!left, "{} was not swept by the set-up", stale.display());
+    }
+
+    #[test]
+    fn ring_paths_name_their_creator() {
+        let path = ring_path(2, 3);
+        let name = path.file_name().unwrap().to_str().unwrap();
+        let prefix = format!(
+            "{RING_PREFIX}{}-{:x}-",
+            std::process::id(),
+            pid_namespace().unwrap()
+        );
+        assert!(
+            name.starts_with(&prefix),
+            "{name} does not start with {prefix}"
+        );
+        assert!(name.ends_with("-2-to-3"), "{name}");
+    }
 }
