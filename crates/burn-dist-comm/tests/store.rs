@@ -115,3 +115,25 @@ fn oversized_frame_is_refused_and_the_connection_closed() {
         "connection should be closed"
     );
 }
+
+#[test]
+fn a_store_that_goes_away_is_reported_as_rank_0_exiting() {
+    use burn_dist_comm::store::codec::encode_frame;
+    // A stand-in for rank 0's store: it lets the client join, takes one request, and is gone
+    // (as when rank 0's process exits after another rank failed).
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let store = std::thread::spawn(move || {
+        let (mut conn, _) = listener.accept().unwrap();
+        read_frame(&mut conn, 1 << 16).unwrap();
+        conn.write_all(&encode_frame(&Message::Ok)).unwrap();
+        read_frame(&mut conn, 1 << 16).unwrap();
+    });
+    let client = StoreClient::connect(addr, TOKEN, 1, &config()).unwrap();
+    let err = client.get("key").unwrap_err().to_string();
+    store.join().unwrap();
+    assert!(
+        err.contains("closed the connection: rank 0, whose process serves the store, has exited"),
+        "{err}"
+    );
+}

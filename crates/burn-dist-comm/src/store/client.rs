@@ -5,7 +5,7 @@ use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use super::codec::{Message, encode_frame, read_frame};
+use super::codec::{FrameError, Message, encode_frame, read_frame};
 use crate::{CommConfig, CommError, Result};
 
 /// Slack on top of a server-side wait, so the socket timeout fires only if the server is gone.
@@ -154,9 +154,25 @@ impl StoreClient {
             .set_read_timeout(Some(server_wait + REPLY_SLACK))
             .map_err(io)?;
         stream.write_all(&encode_frame(&message)).map_err(io)?;
-        read_frame(&mut *stream, self.max_frame)
-            .map_err(|e| store_error(self.addr, format!("bad reply: {e}")))
+        read_frame(&mut *stream, self.max_frame).map_err(|e| match e {
+            FrameError::Io(e) if closed(&e) => store_error(self.addr, STORE_CLOSED.into()),
+            e => store_error(self.addr, format!("bad reply: {e}")),
+        })
     }
+}
+
+/// The store lives in rank 0's process: a connection it closes means rank 0 has exited, most
+/// often because another rank failed first. Say so, rather than "failed to fill whole buffer".
+const STORE_CLOSED: &str = "closed the connection: rank 0, whose process serves the store, has \
+     exited (its own error, or the launcher's summary, says which rank failed first)";
+
+/// Whether a read failed because the peer closed or reset the connection.
+fn closed(e: &std::io::Error) -> bool {
+    use std::io::ErrorKind::{BrokenPipe, ConnectionAborted, ConnectionReset, UnexpectedEof};
+    matches!(
+        e.kind(),
+        UnexpectedEof | ConnectionReset | ConnectionAborted | BrokenPipe
+    )
 }
 
 fn reason(message: Message) -> String {
