@@ -25,7 +25,9 @@ tasks:
                 (release build; the smallest end-to-end run)
   fuzz [SECS]   fuzz the TCP store's frame decoder for SECS seconds (default 600)
   bench         the criterion benches (figures in target/criterion; see docs/perf/)
-  soak          8 ranks × 1000 small GPT steps: no hang, resident memory flat (release)
+  soak [SECS]   8 ranks × 1000 small GPT steps: no hang, resident memory flat (release);
+                then random rank kills in a 3-process job for SECS (default 600): every
+                process ends naming the dead rank, the resume is bitwise (see docs/testing.md)
   gpu-check [--cuda-version NNNNN]
                 build the GPU device check (release, CUDA feature) into target-gpu/ and
                 print the device command that runs it (see docs/gpu.md)
@@ -49,7 +51,7 @@ fn main() -> ExitCode {
             .and_then(|()| cargo(&["bench", "-p", "burn-dist-benches"])),
         Some("gpu-check") => gpu_check::gpu_check(&args[1..]),
         Some("pretrain") => gpt::pretrain(&args[1..]),
-        Some("soak") => gpt::soak(),
+        Some("soak") => gpt::soak().and_then(|()| chaos(args.get(1).map_or("600", String::as_str))),
         Some("bench-overhead") => match args.get(1).map_or(Ok(6), |r| r.parse::<usize>()) {
             Ok(rounds) if rounds > 0 => bench_overhead(rounds),
             _ => Err("bench-overhead: ROUNDS must be a positive number".into()),
@@ -136,6 +138,8 @@ fn integration() -> Result<(), String> {
         "launched",
         "--test",
         "checkpoint_crash",
+        "--test",
+        "chaos",
     ])?;
     cargo(&[
         "test",
@@ -147,6 +151,15 @@ fn integration() -> Result<(), String> {
         "resume",
     ])?;
     cargo(&["test", "-p", "learner-ddp", "--test", "learner_launched"])
+}
+
+/// The long chaos test: random SIGKILLs of a rank of a 3-process job for `seconds`.
+fn chaos(seconds: &str) -> Result<(), String> {
+    cargo(&["build", "-p", "burn-dist-run", "--bins"])?;
+    run(Command::new(env!("CARGO"))
+        .args(["test", "-p", "synthetic-ddp", "--test", "chaos", "--"])
+        .args(["--ignored", "--exact", "chaos_long", "--nocapture"])
+        .env("BURN_DIST_CHAOS_SECS", seconds))
 }
 
 /// cargo-fuzz needs nightly flags; RUSTC_BOOTSTRAP lets the stable toolchain accept them.

@@ -50,6 +50,11 @@ fn main() -> ExitCode {
 }
 
 fn run(args: Args) -> Result<(), String> {
+    // Announcements with the pid, so that the crash and chaos tests can kill a rank at a known
+    // point (set-up, or after a step) and check that it and its peers are gone afterwards.
+    let pid = std::process::id();
+    let announced_rank = std::env::var("RANK").unwrap_or_default();
+    eprintln!("rank {announced_rank}: starting (pid {pid})");
     let mut ddp = Ddp::init(DdpConfig::new()).map_err(|e| format!("joining the job: {e}"))?;
     let (rank, world) = (ddp.rank(), ddp.world_size());
     let fail = |e: &dyn std::fmt::Display| format!("rank {rank}: {e}");
@@ -85,6 +90,7 @@ fn run(args: Args) -> Result<(), String> {
             .expect("no accumulation");
         model = zero.step(1e-2, model, grads, &ddp).map_err(|e| fail(&e))?.0;
         let done = step + 1;
+        eprintln!("rank {rank}: step {done} done (pid {pid})");
         if done % args.checkpoint_every == 0 {
             let state = TrainingState::new(done, done * args.global_batch as u64);
             let dir = checkpoint::save(&args.checkpoint_dir, &ddp, &model, &zero, &state)
