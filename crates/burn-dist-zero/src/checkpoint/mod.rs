@@ -17,9 +17,11 @@
 //! `docs/checkpoints.md`.
 
 mod error;
+mod fault_points;
 mod files;
 pub mod manifest;
 pub mod reshard;
+mod retention;
 pub mod shard_file;
 mod weights;
 
@@ -34,12 +36,15 @@ use burn_dist_comm::{Communicator, HostBuffer, HostCommunicator};
 use safetensors::{Dtype, tensor::TensorView};
 
 use crate::{FlatLayout, OptimizerShard, ZeroAdam};
+use manifest::parse_step;
 
-pub use error::{CheckpointError, Result};
+pub use error::{CheckpointError, Result, SaveStage};
+pub use fault_points::{FAULT_VAR, PAUSE_VAR, inject_fault_on_this_thread};
 pub use manifest::{
     FORMAT_VERSION, FileEntry, LayoutEntry, MANIFEST, MODEL_FILE, Manifest, ParamEntry,
     RandomState, ScalerState, shard_file as shard_file_name,
 };
+pub use retention::keep_last;
 
 /// Everything besides weights and optimizer state that a resumed run needs.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
@@ -87,55 +92,41 @@ impl TrainingState {
     }
 }
 
-/// Environment variable of the crash tests' fault point: `after-shard:<step>` makes every rank
-/// that has written its shard of step `<step>` announce it on stderr and wait to be killed,
-/// before any manifest exists.
-pub const PAUSE_VAR: &str = "BURN_DIST_CHECKPOINT_PAUSE";
-
-fn pause_point(point: &str, rank: usize, step: u64) {
-    if std::env::var(PAUSE_VAR).is_ok_and(|wanted| wanted == format!("{point}:{step}")) {
-        eprintln!(
-            "burn-dist: checkpoint of step {step} paused at {point} on rank {rank} (pid {})",
-            std::process::id()
-        );
-        loop {
-            std::thread::park();
-        }
-    }
-}
-
 /// The directory of step `step`'s checkpoint under `root`.
 pub fn step_dir(root: impl AsRef<Path>, step: u64) -> PathBuf {
     root.as_ref().join(format!("step-{step:010}"))
 }
 
-fn parse_step(name: &str) -> Option<u64> {
-    let digits = name.strip_prefix("step-")?;
-    (!digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()))
-        .then(|| digits.parse().ok())
-        .flatten()
-}
-
-/// The newest complete checkpoint under `root` (highest step with a manifest), if any.
-pub fn latest(root: impl AsRef<Path>) -> Result<Option<PathBuf>> {
-    let root = root.as_ref();
+/// The `step-*` directories under `root`, by step, each with whether it is complete (has a
+/// manifest). No directory: none.
+fn step_dirs(root: &Path) -> Result<Vec<(u64, PathBuf, bool)>> {
     let entries = match fs::read_dir(root) {
         Ok(entries) => entries,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(e) => return Err(CheckpointError::io(root)(e)),
     };
-    let mut best: Option<(u64, PathBuf)> = None;
+    let mut dirs = Vec::new();
     for entry in entries {
         let entry = entry.map_err(CheckpointError::io(root))?;
         let Some(step) = entry.file_name().to_str().and_then(parse_step) else {
             continue;
         };
         let dir = entry.path();
-        if dir.join(MANIFEST).is_file() && best.as_ref().is_none_or(|(s, _)| step > *s) {
-            best = Some((step, dir));
-        }
+        let complete = dir.join(MANIFEST).is_file();
+        dirs.push((step, dir, complete));
     }
-    Ok(best.map(|(_, dir)| dir))
+    dirs.sort_by_key(|(step, ..)| *step);
+    Ok(dirs)
+}
+
+/// The newest complete checkpoint under `root` (highest step with a manifest), if any.
+pub fn latest(root: impl AsRef<Path>) -> Result<Option<PathBuf>> {
+    let dirs = step_dirs(root.as_ref())?;
+    Ok(dirs
+        .into_iter()
+        .rev()
+        .find(|(.., complete)| *complete)
+        .map(|(_, dir, _)| dir))
 }
 
 /// A checkpoint directory, or the newest complete checkpoint when `path` is a root of them.
@@ -163,6 +154,12 @@ pub fn resolve(path: impl AsRef<Path>) -> Result<PathBuf> {
 /// every rank calls it with its own `zero`; rank 0 also writes the model and, after every
 /// rank's shard is durable, the manifest. Saving a step again replaces it (it is incomplete in
 /// between).
+///
+/// Every rank must see `root` on one shared filesystem: rank 0 writes a check file into the new
+/// step directory and every rank reads it back before any shard is written. When any rank
+/// fails in any stage, every rank fails with [`CheckpointError::Save`] naming the stage, the
+/// step and (through the failing rank's error) the file, rank 0 removes the incomplete step
+/// directory, and the previous complete checkpoint stays the newest.
 pub fn save<B: Backend, M: Module<B>>(
     root: impl AsRef<Path>,
     ddp: &Ddp,
@@ -170,69 +167,190 @@ pub fn save<B: Backend, M: Module<B>>(
     zero: &ZeroAdam,
     state: &TrainingState,
 ) -> Result<PathBuf> {
-    let (comm, rank) = (ddp.communicator(), ddp.rank());
     let dir = step_dir(&root, state.step);
-    let _span = tracing::info_span!("checkpoint save", rank, step = state.step).entered();
+    let _span =
+        tracing::info_span!("checkpoint save", rank = ddp.rank(), step = state.step).entered();
+    let saved = save_stages::<B, M>(root.as_ref(), &dir, ddp, model, zero, state);
+    if let Err(CheckpointError::Save { source, .. }) = &saved {
+        if ddp.rank() == 0 {
+            remove_incomplete(&dir);
+        }
+        // When the ranks agreed on the failure (the collectives work), nobody returns before
+        // rank 0 has removed the directory: a launcher stopping the job as soon as one rank
+        // exits cannot interrupt the removal.
+        if !matches!(**source, CheckpointError::Comm(_)) {
+            let _ = gather_u64s(ddp.communicator(), &[0]);
+        }
+    }
+    saved?;
+    tracing::info!(dir = %dir.display(), "checkpoint saved");
+    Ok(dir)
+}
 
-    // 1. Rank 0 makes the directory (and un-completes an older save of this step).
-    let prepared = if rank == 0 {
-        prepare_dir(root.as_ref(), &dir)
-    } else {
-        Ok(())
+/// The name of the file by which every rank checks that it sees rank 0's step directory.
+const SHARED_CHECK: &str = ".shared-check";
+
+/// The stages of [`save`]; every error is wrapped with its stage.
+fn save_stages<B: Backend, M: Module<B>>(
+    root: &Path,
+    dir: &Path,
+    ddp: &Ddp,
+    model: &M,
+    zero: &ZeroAdam,
+    state: &TrainingState,
+) -> Result<()> {
+    let (comm, rank, step) = (ddp.communicator(), ddp.rank(), state.step);
+    let in_stage = |stage: SaveStage| {
+        move |source: CheckpointError| CheckpointError::Save {
+            step,
+            stage,
+            dir: dir.to_path_buf(),
+            source: Box::new(source),
+        }
     };
-    agree(comm, prepared)?;
+    let write = |name: &str, fault: &str, bytes: &[u8]| {
+        let fault = fault_points::injected_error(fault, rank, step);
+        files::write_atomic_or_fail(dir, name, bytes, fault)
+    };
+
+    // 1. Rank 0 makes the directory (and un-completes an older save of this step) and writes a
+    //    random check value into it; every rank reads it back, so ranks that do not share the
+    //    filesystem fail here, before anything large is written.
+    let check_value =
+        std::hash::BuildHasher::hash_one(&std::collections::hash_map::RandomState::new(), step);
+    (|| {
+        let prepared = if rank == 0 {
+            prepare_dir(root, dir)
+                .and_then(|()| write(SHARED_CHECK, "shared-check", &check_value.to_le_bytes()))
+        } else {
+            Ok(())
+        };
+        agree(comm, prepared)?;
+        let expected = gather_u64s(comm, &[check_value])?[0][0];
+        agree(comm, check_shared(dir, rank, expected))
+    })()
+    .map_err(in_stage(SaveStage::Prepare))?;
 
     // 2. Every rank writes its shard durably; rank 0 the weights too.
-    let shard_name = manifest::shard_file(rank);
     let written = (|| {
         let bytes = shard_file::encode(&zero.export());
-        files::write_atomic(&dir, &shard_name, &bytes)?;
-        pause_point("after-shard", rank, state.step);
+        write(&manifest::shard_file(rank), "shard", &bytes)?;
+        fault_points::pause_point("after-shard", rank, step);
         let (size, crc) = files::fingerprint(&bytes);
         let model_entry = if rank == 0 {
-            Some(write_model::<B, M>(&dir, model, state.step)?)
+            let (entry, bytes) = model_file::<B, M>(dir, model, step)?;
+            write(MODEL_FILE, "model", &bytes)?;
+            Some(entry)
         } else {
             None
         };
         Ok((size, crc, model_entry))
     })();
-    let (size, crc, model_entry) = agree(comm, written)?;
+    let (size, crc, model_entry) = agree(comm, written).map_err(in_stage(SaveStage::Write))?;
 
     // 3. Every shard is durable once every rank got here: rank 0 commits with the manifest.
-    let mut mine = size.to_le_bytes().to_vec();
-    mine.extend_from_slice(&u64::from(crc).to_le_bytes());
-    let world = ddp.world_size();
-    let all = comm.all_gather(HostBuffer::U8(mine), 16 * world).wait()?;
-    let committed = if rank == 0 {
-        let mut entries: Vec<FileEntry> = model_entry.into_iter().collect();
-        for (r, chunk) in all.as_bytes().chunks_exact(16).enumerate() {
-            entries.push(FileEntry {
-                name: manifest::shard_file(r),
-                rank: Some(r),
-                bytes: u64::from_le_bytes(chunk[..8].try_into().expect("8 bytes")),
-                crc32: u64::from_le_bytes(chunk[8..].try_into().expect("8 bytes")) as u32,
-            });
-        }
-        let manifest = Manifest {
-            format_version: FORMAT_VERSION,
-            world_size: world,
-            step: state.step,
-            samples_consumed: state.samples_consumed,
-            scaler: state.scaler,
-            random: state.random,
-            layout: LayoutEntry::of(zero.layout()),
-            buckets: ddp.next_layout().bucket_params(),
-            params: ddp.params().iter().map(param_entry).collect(),
-            files: entries,
+    (|| {
+        let all = gather_u64s(comm, &[size, u64::from(crc)])?;
+        let committed = if rank == 0 {
+            let mut entries: Vec<FileEntry> = model_entry.into_iter().collect();
+            for (r, fingerprint) in all.iter().enumerate() {
+                entries.push(FileEntry {
+                    name: manifest::shard_file(r),
+                    rank: Some(r),
+                    bytes: fingerprint[0],
+                    crc32: fingerprint[1] as u32,
+                });
+            }
+            let manifest = Manifest {
+                format_version: FORMAT_VERSION,
+                world_size: ddp.world_size(),
+                step,
+                samples_consumed: state.samples_consumed,
+                scaler: state.scaler,
+                random: state.random,
+                layout: LayoutEntry::of(zero.layout()),
+                buckets: ddp.next_layout().bucket_params(),
+                params: ddp.params().iter().map(param_entry).collect(),
+                files: entries,
+            };
+            // The check file has done its job; a leftover one would be harmless.
+            let _ = fs::remove_file(dir.join(SHARED_CHECK));
+            write(MANIFEST, "manifest", &manifest.signed_json())
+        } else {
+            Ok(())
         };
-        manifest.write(&dir)
-    } else {
-        Ok(())
+        // 4. Nobody returns before the checkpoint is complete (or every rank knows it failed).
+        agree(comm, committed)
+    })()
+    .map_err(in_stage(SaveStage::Commit))
+}
+
+/// This rank reads rank 0's check value back from `dir`.
+fn check_shared(dir: &Path, rank: usize, expected: u64) -> Result<()> {
+    let not_shared = |found: String| CheckpointError::NotShared {
+        rank,
+        dir: dir.to_path_buf(),
+        found,
     };
-    // 4. Nobody returns before the checkpoint is complete (or every rank knows it failed).
-    agree(comm, committed)?;
-    tracing::info!(dir = %dir.display(), "checkpoint saved");
-    Ok(dir)
+    let path = dir.join(SHARED_CHECK);
+    let bytes =
+        match files::read_untrusted(&path, "the shared-directory check", files::Size::Exactly(8)) {
+            Ok(bytes) => bytes,
+            Err(CheckpointError::Io { source, .. })
+                if source.kind() == std::io::ErrorKind::NotFound =>
+            {
+                let what = if dir.is_dir() {
+                    format!("the directory exists but has no {SHARED_CHECK}")
+                } else {
+                    "no such directory here".to_string()
+                };
+                return Err(not_shared(what));
+            }
+            Err(e) => return Err(e),
+        };
+    let found = u64::from_le_bytes(bytes.try_into().expect("8 bytes"));
+    if found != expected {
+        return Err(not_shared(format!(
+            "its {SHARED_CHECK} holds {found:016x}, rank 0 wrote {expected:016x}: another job saving the same step?"
+        )));
+    }
+    Ok(())
+}
+
+/// Rank 0, after a failed save: removes the step directory unless its manifest was committed
+/// (a failure after the commit leaves a complete checkpoint, which stays).
+fn remove_incomplete(dir: &Path) {
+    if dir.join(MANIFEST).exists() {
+        return;
+    }
+    match fs::remove_dir_all(dir) {
+        Ok(()) => {
+            tracing::warn!(dir = %dir.display(), "removed the incomplete checkpoint of the failed save")
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => tracing::warn!(
+            dir = %dir.display(),
+            "could not remove the incomplete checkpoint of the failed save ({e}); it is never loaded, delete it by hand"
+        ),
+    }
+}
+
+/// Every rank's `mine` (the same length on every rank), by rank.
+fn gather_u64s(comm: &HostCommunicator, mine: &[u64]) -> Result<Vec<Vec<u64>>> {
+    let bytes: Vec<u8> = mine.iter().flat_map(|x| x.to_le_bytes()).collect();
+    let len = bytes.len();
+    let all = comm
+        .all_gather(HostBuffer::U8(bytes), len * comm.world_size())
+        .wait()?;
+    Ok(all
+        .as_bytes()
+        .chunks_exact(len)
+        .map(|rank| {
+            rank.chunks_exact(8)
+                .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
+                .collect()
+        })
+        .collect())
 }
 
 fn param_entry(p: &ParamInfo) -> ParamEntry {
@@ -254,7 +372,12 @@ fn prepare_dir(root: &Path, dir: &Path) -> Result<()> {
     Ok(())
 }
 
-fn write_model<B: Backend, M: Module<B>>(dir: &Path, model: &M, step: u64) -> Result<FileEntry> {
+/// The model's safetensors bytes and their manifest entry.
+fn model_file<B: Backend, M: Module<B>>(
+    dir: &Path,
+    model: &M,
+    step: u64,
+) -> Result<(FileEntry, Vec<u8>)> {
     let metadata = HashMap::from([
         ("producer".to_string(), "burn-dist".to_string()),
         ("step".to_string(), step.to_string()),
@@ -262,14 +385,14 @@ fn write_model<B: Backend, M: Module<B>>(dir: &Path, model: &M, step: u64) -> Re
     let bytes = weights::collect::<B, M>(model)
         .serialize(metadata)
         .map_err(|reason| CheckpointError::corrupt(dir.join(MODEL_FILE), reason))?;
-    files::write_atomic(dir, MODEL_FILE, &bytes)?;
     let (size, crc) = files::fingerprint(&bytes);
-    Ok(FileEntry {
+    let entry = FileEntry {
         name: MODEL_FILE.into(),
         rank: None,
         bytes: size,
         crc32: crc,
-    })
+    };
+    Ok((entry, bytes))
 }
 
 /// Loads the checkpoint at `path` (a step directory, or a root whose newest complete
@@ -291,7 +414,7 @@ pub fn load<B: AutodiffBackend, M: AutodiffModule<B>>(
         check_fits(&dir, &manifest, ddp.params())?;
         let entry = manifest.model_entry(&dir)?;
         let bytes = files::read_verified(&dir, entry)?;
-        let model = weights::overwrite::<B, M>(model, &dir.join(&entry.name), &bytes)?;
+        let model = weights::overwrite::<B, M>(model, &dir.join(entry.defined_name()), &bytes)?;
         let shard = assemble_shard(&dir, &manifest, zero.layout(), rank)?;
         Ok((dir, manifest, model, shard))
     })();
@@ -299,17 +422,9 @@ pub fn load<B: AutodiffBackend, M: AutodiffModule<B>>(
 
     // Every rank must have loaded the same step (a save racing with the resolution of
     // `latest` could make them differ).
-    let world = ddp.world_size();
-    let steps = comm
-        .all_gather(
-            HostBuffer::U8(manifest.step.to_le_bytes().to_vec()),
-            8 * world,
-        )
-        .wait()?;
-    let steps: Vec<u64> = steps
-        .as_bytes()
-        .chunks_exact(8)
-        .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
+    let steps: Vec<u64> = gather_u64s(comm, &[manifest.step])?
+        .iter()
+        .map(|rank| rank[0])
         .collect();
     if steps.iter().any(|&s| s != steps[0]) {
         return Err(CheckpointError::Mismatch {
@@ -410,7 +525,7 @@ fn assemble_shard(
 /// Rank `rank`'s saved shard, verified against the manifest.
 fn read_shard(dir: &Path, manifest: &Manifest, rank: usize) -> Result<OptimizerShard> {
     let entry = manifest.shard_entry(dir, rank)?;
-    let path = dir.join(&entry.name);
+    let path = dir.join(entry.defined_name());
     let bytes = files::read_verified(dir, entry)?;
     let shard = shard_file::decode(&path, &bytes)?;
     if shard.rank != rank
@@ -552,16 +667,9 @@ fn agree<T>(comm: &HostCommunicator, local: Result<T>) -> Result<T> {
         Ok(_) => Vec::new(),
         Err(e) => e.to_string().into_bytes(),
     };
-    let lengths = comm
-        .all_gather(
-            HostBuffer::U8((message.len() as u64).to_le_bytes().to_vec()),
-            8 * world,
-        )
-        .wait()?;
-    let lengths: Vec<usize> = lengths
-        .as_bytes()
-        .chunks_exact(8)
-        .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")) as usize)
+    let lengths: Vec<usize> = gather_u64s(comm, &[message.len() as u64])?
+        .iter()
+        .map(|rank| rank[0] as usize)
         .collect();
     let longest = lengths.iter().copied().max().unwrap_or(0);
     if longest == 0 {
