@@ -119,7 +119,14 @@ fn files_that_are_not_regular_are_refused_without_reading_them() {
         // SAFETY: mkfifo(3) with a valid NUL-terminated path.
         assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo");
     });
-    assert_not_regular(verify_error(&dir), &dir.join(SHARD_1), "FIFO");
+    // Bounded: a blocking open would wait for a writer forever.
+    let (sender, receiver) = std::sync::mpsc::channel();
+    let fifo_dir = dir.clone();
+    std::thread::spawn(move || sender.send(verify_error(&fifo_dir)));
+    let error = receiver
+        .recv_timeout(std::time::Duration::from_secs(30))
+        .expect("reading a checkpoint whose shard is a FIFO hung");
+    assert_not_regular(error, &dir.join(SHARD_1), "FIFO");
     super::assert_refused(
         &load_errors(&dir),
         &[SHARD_1, "is a FIFO, not a regular file"],
