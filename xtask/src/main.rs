@@ -126,6 +126,8 @@ fn integration() -> Result<(), String> {
         "launched",
         "--test",
         "checkpoint_crash",
+        "--test",
+        "checkpoint_disk",
     ])?;
     cargo(&[
         "test",
