@@ -38,12 +38,13 @@ pub enum CheckpointError {
     NotRegularFile { path: PathBuf, kind: &'static str },
     /// A file whose size is not the one the manifest lists (or, for the manifest itself, above
     /// the largest manifest this build reads). Refused before it is read.
-    #[error("checkpoint file {}: {what} is {found} bytes, {expected} (truncated or overwritten)", path.display())]
+    #[error("checkpoint file {}: {what} is {found} bytes, {expected}", path.display())]
     WrongSize {
         path: PathBuf,
         what: String,
         found: u64,
-        /// What was expected, for the message: "the manifest says N" or "at most N are read".
+        /// What was expected, for the message: "the manifest says N (truncated or overwritten)"
+        /// or "more than the N it may have" (the manifest).
         expected: String,
     },
     /// The manifest lists a file under a name the format does not define (an absolute path,
@@ -106,8 +107,9 @@ pub enum CheckpointError {
         dir: PathBuf,
         found: String,
     },
-    /// A stage of a save failed on this rank or another one. Removing the incomplete step
-    /// directory is done; the previous complete checkpoint stays the newest.
+    /// A stage of a save failed on this rank or another one (`source`: this rank's error, or
+    /// [`CheckpointError::Rank`] with the failing rank's). The incomplete step directory has
+    /// been removed; the previous complete checkpoint stays the newest.
     #[error(
         "checkpoint save of step {step} failed while {stage} in {}: {source}{}",
         dir.display(),

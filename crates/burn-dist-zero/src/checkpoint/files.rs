@@ -98,8 +98,12 @@ pub(crate) fn read_untrusted(path: &Path, what: &str, size: Size) -> Result<Vec<
     }
     let found = metadata.len();
     let (limit, fits, expected) = match size {
-        Size::Exactly(n) => (n, found == n, format!("the manifest says {n}")),
-        Size::AtMost(n) => (n, found <= n, format!("at most {n} are read")),
+        Size::Exactly(n) => (
+            n,
+            found == n,
+            format!("the manifest says {n} (truncated or overwritten)"),
+        ),
+        Size::AtMost(n) => (n, found <= n, format!("more than the {n} it may have")),
     };
     let wrong_size = |found: u64| CheckpointError::WrongSize {
         path: path.to_path_buf(),
