@@ -140,6 +140,8 @@ fn integration() -> Result<(), String> {
         "checkpoint_crash",
         "--test",
         "chaos",
+        "--test",
+        "checkpoint_disk",
     ])?;
     cargo(&[
         "test",

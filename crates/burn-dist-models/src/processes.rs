@@ -102,3 +102,15 @@ pub fn watch(
     let status = child.wait().expect("waiting for the child");
     (status, transcript)
 }
+
+/// `burn-dist-run --nproc-per-node <nproc> --master-port 0 --stop-grace-secs 2 -- <program>`,
+/// with a 60 s collective timeout; the caller adds the program's arguments.
+pub fn launch(nproc: usize, program: &Path) -> std::process::Command {
+    let mut command = std::process::Command::new(launcher());
+    command
+        .args(["--nproc-per-node", &nproc.to_string()])
+        .args(["--master-port", "0", "--stop-grace-secs", "2", "--"])
+        .arg(program)
+        .env("BURN_DIST_TIMEOUT_SECS", "60");
+    command
+}

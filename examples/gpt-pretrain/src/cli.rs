@@ -115,6 +115,9 @@ pub struct Args {
     /// Where checkpoints go (default: RUN_DIR/checkpoints).
     #[arg(long)]
     pub checkpoint_dir: Option<PathBuf>,
+    /// Keep only the K newest complete checkpoints: after each save, rank 0 removes older ones.
+    #[arg(long, value_name = "K")]
+    pub keep_last: Option<usize>,
     /// Resume from a checkpoint directory, or the newest complete one under a root.
     #[arg(long)]
     pub resume: Option<PathBuf>,
@@ -245,6 +248,17 @@ impl Args {
         if self.checkpoint_every == Some(0) {
             return Err("--checkpoint-every must be positive".into());
         }
+        match self.keep_last {
+            Some(0) => {
+                return Err(
+                    "--keep-last must be at least 1 (omit it to keep every checkpoint)".into(),
+                );
+            }
+            Some(_) if self.checkpoint_every.is_none() => {
+                return Err("--keep-last needs --checkpoint-every: it removes old checkpoints after each save".into());
+            }
+            _ => {}
+        }
         Ok(())
     }
 
@@ -311,6 +325,15 @@ mod tests {
             .check(1)
             .unwrap_err();
         assert!(e.contains("--checkpoint-every"), "{e}");
+        let e = args(&["--checkpoint-every", "5", "--keep-last", "0"])
+            .check(1)
+            .unwrap_err();
+        assert!(e.contains("--keep-last must be at least 1"), "{e}");
+        let e = args(&["--keep-last", "2"]).check(1).unwrap_err();
+        assert!(e.contains("--keep-last needs --checkpoint-every"), "{e}");
+        args(&["--checkpoint-every", "5", "--keep-last", "2"])
+            .check(1)
+            .unwrap();
         let e = args(&["--d-model", "66"]).model_config(64).unwrap_err();
         assert!(e.contains("not divisible by the 4 heads"), "{e}");
         assert!(Args::try_parse_from(["gpt-pretrain", "--zero-stage", "3"]).is_err());

@@ -3,6 +3,7 @@
 //! CPU today; CUDA plugs in the same way).
 
 use std::io::Write;
+use std::num::NonZeroUsize;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -484,6 +485,20 @@ impl<'a, B: AutodiffBackend> Trainer<'a, B> {
         let dir = checkpoint::save(&root, self.ddp, model, zero, &state)
             .map_err(|e| format!("saving step {done} under {}: {e}", root.display()))?;
         self.say(format!("saved step {done} to {}", dir.display()));
+        if let (0, Some(keep)) = (self.rank(), self.args.keep_last.and_then(NonZeroUsize::new)) {
+            // Not fatal: the new checkpoint is complete; an old one left behind costs only disk.
+            match checkpoint::keep_last(&root, keep) {
+                Ok(removed) => {
+                    for old in removed {
+                        self.say(format!("removed {} (--keep-last {keep})", old.display()));
+                    }
+                }
+                Err(e) => self.say(format!(
+                    "warning: --keep-last {keep}: removing old checkpoints under {}: {e}",
+                    root.display()
+                )),
+            }
+        }
         Ok(())
     }
 

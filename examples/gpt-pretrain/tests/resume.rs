@@ -1,6 +1,7 @@
 //! A run killed with SIGKILL mid-training and resumed from its last checkpoint ends with
 //! parameters bitwise equal to an uninterrupted run at the same world size. Real processes
-//! through `burn-dist-run`; the kill happens at a step the program announces on stdout.
+//! through `burn-dist-run`; the kill happens at a step the program announces on stdout. The
+//! resumed run keeps its last 2 checkpoints (`--keep-last 2`).
 
 use std::path::Path;
 use std::process::{Command, ExitStatus, Stdio};
@@ -77,13 +78,28 @@ fn killed_and_resumed_run_ends_bitwise_equal_to_the_uninterrupted_one() {
     let ckpt = crashed.join("checkpoints");
     let resume = ckpt.to_str().unwrap().to_string();
     let mut resumed_at = None;
+    let mut removed = Vec::new();
+    // With --keep-last 2 (retention does not change the result).
     let status = train(
         &crashed,
         2,
-        &["--resume", &resume, "--out", &out("resumed.bin")],
+        &[
+            "--resume",
+            &resume,
+            "--out",
+            &out("resumed.bin"),
+            "--keep-last",
+            "2",
+        ],
         |line| {
             if line.contains("resumed at step") {
                 resumed_at = line.rsplit(' ').next().map(str::to_string);
+            }
+            if line.contains("removed ")
+                && line.contains("step-")
+                && line.ends_with(" (--keep-last 2)")
+            {
+                removed.push(line.to_string());
             }
         },
     );
@@ -93,6 +109,14 @@ fn killed_and_resumed_run_ends_bitwise_equal_to_the_uninterrupted_one() {
         Some("4"),
         "the newest checkpoint before the kill"
     );
+    // Saves at 6 and 7 keep the two newest complete checkpoints: 2, then 4, are removed.
+    assert_eq!(removed.len(), 2, "{removed:?}");
+    let mut left: Vec<String> = std::fs::read_dir(&ckpt)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_str().unwrap().to_string())
+        .collect();
+    left.sort();
+    assert_eq!(left, ["step-0000000006", "step-0000000007"]);
 
     let bits = |name: &str| -> Vec<Vec<u32>> {
         read_params(&root.join(name))

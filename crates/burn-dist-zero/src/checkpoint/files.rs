@@ -1,7 +1,8 @@
-//! Durable, atomic file writes and verified reads.
+//! Durable, atomic file writes, and reads that treat every file as untrusted input.
 
-use std::fs::{self, File};
-use std::io::Write;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::Path;
 
 use super::error::{CheckpointError, Result};
@@ -16,10 +17,25 @@ pub(crate) fn fingerprint(bytes: &[u8]) -> (u64, u32) {
 /// written and fsynced, renamed over `name`, then the directory fsynced so the rename survives
 /// a power loss. A reader sees the old file or the whole new one, never a part.
 pub(crate) fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> Result<()> {
+    write_atomic_or_fail(dir, name, bytes, None)
+}
+
+/// [`write_atomic`], failing with `fault` (an injected disk error) after half of the bytes, as
+/// a disk that fills up or breaks during the write would.
+pub(crate) fn write_atomic_or_fail(
+    dir: &Path,
+    name: &str,
+    bytes: &[u8],
+    fault: Option<io::Error>,
+) -> Result<()> {
     let path = dir.join(name);
     let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
     let written = (|| {
         let mut file = File::create(&tmp)?;
+        if let Some(fault) = fault {
+            file.write_all(&bytes[..bytes.len() / 2])?;
+            return Err(fault);
+        }
         file.write_all(bytes)?;
         file.sync_all()
     })();
@@ -38,21 +54,85 @@ pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
         .map_err(CheckpointError::io(dir))
 }
 
-/// Reads `dir/entry.name` and checks its size and checksum against the manifest's entry.
-pub(crate) fn read_verified(dir: &Path, entry: &FileEntry) -> Result<Vec<u8>> {
-    let path = dir.join(&entry.name);
-    let bytes = fs::read(&path).map_err(CheckpointError::io(&path))?;
-    let (size, crc) = fingerprint(&bytes);
-    if size != entry.bytes {
-        return Err(CheckpointError::corrupt(
-            &path,
-            format!(
-                "{} is {size} bytes, the manifest says {} (truncated or overwritten)",
-                entry.what(),
-                entry.bytes
-            ),
-        ));
+/// The size a file read by [`read_untrusted`] must have.
+pub(crate) enum Size {
+    /// Exactly this many bytes (the manifest lists it).
+    Exactly(u64),
+    /// At most this many bytes (the manifest, whose size nothing lists).
+    AtMost(u64),
+}
+
+/// Reads `path` (`what` it is, for messages) as untrusted input. Refuses anything but a regular
+/// file, and a size other than `size`, before reading a byte: the file is opened without
+/// following a symbolic link and without blocking (so a FIFO cannot hang the open), then checked
+/// on the open descriptor (so it cannot be swapped between the check and the read), and at
+/// most the allowed size is read even if it grows meanwhile.
+pub(crate) fn read_untrusted(path: &Path, what: &str, size: Size) -> Result<Vec<u8>> {
+    let mut file = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            // What O_NOFOLLOW answers for a symbolic link.
+            Some(libc::ELOOP) => CheckpointError::NotRegularFile {
+                path: path.to_path_buf(),
+                kind: "symbolic link",
+            },
+            _ => CheckpointError::io(path)(e),
+        })?;
+    let metadata = file.metadata().map_err(CheckpointError::io(path))?;
+    let kind = metadata.file_type();
+    let irregular = [
+        (kind.is_dir(), "directory"),
+        (kind.is_fifo(), "FIFO"),
+        (kind.is_char_device(), "character device"),
+        (kind.is_block_device(), "block device"),
+        (kind.is_socket(), "socket"),
+        (!kind.is_file(), "special file"),
+    ];
+    if let Some((_, kind)) = irregular.into_iter().find(|(is, _)| *is) {
+        return Err(CheckpointError::NotRegularFile {
+            path: path.to_path_buf(),
+            kind,
+        });
     }
+    let found = metadata.len();
+    let (limit, fits, expected) = match size {
+        Size::Exactly(n) => (
+            n,
+            found == n,
+            format!("the manifest says {n} (truncated or overwritten)"),
+        ),
+        Size::AtMost(n) => (n, found <= n, format!("more than the {n} it may have")),
+    };
+    let wrong_size = |found: u64| CheckpointError::WrongSize {
+        path: path.to_path_buf(),
+        what: what.to_string(),
+        found,
+        expected: expected.clone(),
+    };
+    if !fits {
+        return Err(wrong_size(found));
+    }
+    let mut bytes = Vec::with_capacity(found as usize);
+    (&mut file)
+        .take(limit.saturating_add(1))
+        .read_to_end(&mut bytes)
+        .map_err(CheckpointError::io(path))?;
+    // The file changed size between the check and the read.
+    if bytes.len() as u64 != found {
+        return Err(wrong_size(bytes.len() as u64));
+    }
+    Ok(bytes)
+}
+
+/// Reads `dir/<the entry's defined name>` and checks its size and checksum against the
+/// manifest's entry. The name is the one the format defines for the entry, never a name
+/// taken from the manifest, so no manifest can make this read outside `dir`.
+pub(crate) fn read_verified(dir: &Path, entry: &FileEntry) -> Result<Vec<u8>> {
+    let path = dir.join(entry.defined_name());
+    let bytes = read_untrusted(&path, &entry.what(), Size::Exactly(entry.bytes))?;
+    let (_, crc) = fingerprint(&bytes);
     if crc != entry.crc32 {
         return Err(CheckpointError::corrupt(
             &path,

@@ -1,16 +1,29 @@
 //! `manifest.json`: what a complete checkpoint holds. Written last, by rank 0; its presence
 //! is what makes a checkpoint directory complete.
+//!
+//! The manifest is untrusted input like every file of a checkpoint: it carries a CRC-32 of its
+//! own canonical content (`manifest_crc32`), its files must have the names the format defines,
+//! and its step must be the one in its directory's name.
 
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
 use super::error::{CheckpointError, Result};
-use super::files;
+use super::files::{self, Size};
 use crate::FlatLayout;
 
-/// The manifest format this build writes, and the newest it reads.
-pub const FORMAT_VERSION: u32 = 1;
+/// The manifest format this build writes, and the only one it reads. Version 2 added
+/// `manifest_crc32`; version 1 manifests are refused ([`CheckpointError::OlderFormat`]), since
+/// without a checksum a damaged one would be applied unnoticed.
+pub const FORMAT_VERSION: u32 = 2;
+
+/// The manifest's own checksum: the CRC-32 of its canonical content (the manifest without this
+/// field, as compact JSON in field order).
+pub const CHECKSUM_FIELD: &str = "manifest_crc32";
+
+/// The largest manifest read (it lists every parameter; a GPT-2 checkpoint's is a few KiB).
+pub const MAX_MANIFEST_BYTES: u64 = 16 << 20;
 
 pub const MANIFEST: &str = "manifest.json";
 pub const MODEL_FILE: &str = "model.safetensors";
@@ -96,6 +109,15 @@ pub struct FileEntry {
 }
 
 impl FileEntry {
+    /// The name the format gives this entry's file: `model.safetensors` for the weights,
+    /// `optim-rank-NNNNN.bin` for rank N's shard.
+    pub fn defined_name(&self) -> String {
+        match self.rank {
+            Some(rank) => shard_file(rank),
+            None => MODEL_FILE.into(),
+        }
+    }
+
     /// What the file is, for messages.
     pub fn what(&self) -> String {
         match self.rank {
@@ -130,35 +152,86 @@ impl Manifest {
     }
 
     /// Reads and checks `dir/manifest.json`. A missing manifest means an incomplete checkpoint;
-    /// a newer format version is refused before anything else is interpreted.
+    /// a format version other than this build's is refused before anything else is
+    /// interpreted; then the manifest's checksum, its file names, its step against the
+    /// directory's name (when that is a `step-*` name) and its internal consistency.
     pub fn read(dir: &Path) -> Result<Manifest> {
         let path = dir.join(MANIFEST);
-        let bytes = match std::fs::read(&path) {
-            Ok(bytes) => bytes,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Err(CheckpointError::Incomplete {
-                    dir: dir.to_path_buf(),
-                });
-            }
-            Err(e) => return Err(CheckpointError::io(&path)(e)),
-        };
-        let value: serde_json::Value = serde_json::from_slice(&bytes)
+        let bytes =
+            match files::read_untrusted(&path, "the manifest", Size::AtMost(MAX_MANIFEST_BYTES)) {
+                Ok(bytes) => bytes,
+                Err(CheckpointError::Io { source, .. })
+                    if source.kind() == std::io::ErrorKind::NotFound =>
+                {
+                    return Err(CheckpointError::Incomplete {
+                        dir: dir.to_path_buf(),
+                    });
+                }
+                Err(e) => return Err(e),
+            };
+        let mut value: serde_json::Value = serde_json::from_slice(&bytes)
             .map_err(|e| CheckpointError::corrupt(&path, format!("not valid JSON: {e}")))?;
         let version = value
             .get("format_version")
             .and_then(serde_json::Value::as_u64)
             .ok_or_else(|| CheckpointError::corrupt(&path, "has no format_version"))?;
+        let found = u32::try_from(version).unwrap_or(u32::MAX);
         if version > u64::from(FORMAT_VERSION) {
             return Err(CheckpointError::NewerFormat {
                 path,
-                found: u32::try_from(version).unwrap_or(u32::MAX),
+                found,
                 supported: FORMAT_VERSION,
             });
         }
+        if version < u64::from(FORMAT_VERSION) {
+            return Err(CheckpointError::OlderFormat {
+                path,
+                found,
+                supported: FORMAT_VERSION,
+            });
+        }
+        let expected = value
+            .as_object_mut()
+            .and_then(|fields| fields.remove(CHECKSUM_FIELD))
+            .and_then(|crc| crc.as_u64())
+            .and_then(|crc| u32::try_from(crc).ok())
+            .ok_or_else(|| {
+                CheckpointError::corrupt(
+                    &path,
+                    format!("has no {CHECKSUM_FIELD} (a 32-bit number)"),
+                )
+            })?;
         let manifest: Manifest = serde_json::from_value(value)
             .map_err(|e| CheckpointError::corrupt(&path, format!("unreadable manifest: {e}")))?;
+        let found = manifest.checksum();
+        if found != expected {
+            return Err(CheckpointError::ManifestChecksum {
+                path,
+                found,
+                expected,
+            });
+        }
         manifest.check(&path)?;
+        if let Some(dir_step) = dir
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(parse_step)
+            && dir_step != manifest.step
+        {
+            return Err(CheckpointError::StepMismatch {
+                path,
+                manifest_step: manifest.step,
+                dir_step,
+            });
+        }
         Ok(manifest)
+    }
+
+    /// The CRC-32 of the canonical content: compact JSON of every field in declaration order.
+    /// Reading and writing compute it from the parsed values, so the layout of the file
+    /// (indentation, key order) does not matter, and any change of a value does.
+    fn checksum(&self) -> u32 {
+        crc32fast::hash(&serde_json::to_vec(self).expect("a manifest serializes"))
     }
 
     /// Internal consistency, so that later indexing cannot panic on a hand-edited manifest.
@@ -194,20 +267,68 @@ impl Manifest {
                 layout.total, layout.shard_len, self.world_size
             ));
         }
-        for rank in 0..self.world_size {
-            if !self.files.iter().any(|f| f.rank == Some(rank)) {
+        for entry in &self.files {
+            let defined = entry.defined_name();
+            if entry.name != defined {
+                return Err(CheckpointError::UndefinedFileName {
+                    manifest: path.to_path_buf(),
+                    name: entry.name.clone(),
+                    what: entry.what(),
+                    defined,
+                });
+            }
+        }
+        // The model and one shard per rank: with the count, distinct entries and ranks below
+        // the world size, every rank has its shard. (The count also bounds the loop by the size
+        // of the manifest, whatever world size it claims.)
+        if self.world_size.checked_add(1) != Some(self.files.len()) {
+            return bad(format!(
+                "lists {} files, a checkpoint of {} ranks has {}",
+                self.files.len(),
+                self.world_size,
+                self.world_size.saturating_add(1)
+            ));
+        }
+        for (i, entry) in self.files.iter().enumerate() {
+            if entry.rank.is_some_and(|rank| rank >= self.world_size) {
                 return bad(format!(
-                    "lists no optimizer shard for rank {rank} of {}",
+                    "lists {} in a checkpoint of {} ranks",
+                    entry.what(),
                     self.world_size
                 ));
+            }
+            if self.files[..i].iter().any(|f| f.rank == entry.rank) {
+                return bad(format!("lists {} twice", entry.what()));
             }
         }
         Ok(())
     }
 
-    /// Writes the manifest atomically (the commit point of a save).
+    /// Writes the manifest atomically (the commit point of a save), with its checksum.
     pub fn write(&self, dir: &Path) -> Result<()> {
-        let json = serde_json::to_vec_pretty(self).expect("a manifest serializes");
-        files::write_atomic(dir, MANIFEST, &json)
+        files::write_atomic(dir, MANIFEST, &self.signed_json())
     }
+
+    /// The manifest's JSON with [`CHECKSUM_FIELD`] added last.
+    pub(crate) fn signed_json(&self) -> Vec<u8> {
+        #[derive(Serialize)]
+        struct Signed<'a> {
+            #[serde(flatten)]
+            manifest: &'a Manifest,
+            manifest_crc32: u32,
+        }
+        let signed = Signed {
+            manifest: self,
+            manifest_crc32: self.checksum(),
+        };
+        serde_json::to_vec_pretty(&signed).expect("a manifest serializes")
+    }
+}
+
+/// The step of a checkpoint directory's name `step-<digits>`.
+pub(crate) fn parse_step(name: &str) -> Option<u64> {
+    let digits = name.strip_prefix("step-")?;
+    (!digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()))
+        .then(|| digits.parse().ok())
+        .flatten()
 }

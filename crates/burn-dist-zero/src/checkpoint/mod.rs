@@ -6,20 +6,27 @@
 //!   (`layers.0.weight`), in the model's dtype; written by rank 0;
 //! - `optim-rank-NNNNN.bin`: rank N's [`OptimizerShard`] (see [`shard_file`] for the format);
 //! - `manifest.json`: format version, world size, step, data position, scaler and random
-//!   stream state, the flat layout, and the size and CRC-32 of every other file. Written last,
-//!   by rank 0, once every rank's files are durable. **A directory without a manifest is
-//!   incomplete and is never loaded**, so a crash during a save leaves the previous checkpoint
-//!   as the latest.
+//!   stream state, the flat layout, the size and CRC-32 of every other file, and a CRC-32 of its
+//!   own content. Written last, by rank 0, once every rank's files are durable. **A directory
+//!   without a manifest is incomplete and is never loaded**, so a crash during a save leaves the
+//!   previous checkpoint as the latest; a save that fails removes its directory.
+//!
+//! Readers treat every file as untrusted input: only the names the format defines, regular
+//! files of the listed size, a manifest whose checksum and step hold (see [`Manifest::read`]).
 //!
 //! [`save`] and [`load`] are collectives: every rank calls them. [`load`] works at any world
 //! size: each rank assembles its new shard from the old shards that overlap it (the flat
 //! element order does not depend on the world size, so this is exact). See
 //! `docs/checkpoints.md`.
 
+mod agreement;
 mod error;
+mod fault_points;
 mod files;
 pub mod manifest;
 pub mod reshard;
+mod retention;
+mod save;
 pub mod shard_file;
 mod weights;
 
@@ -27,19 +34,23 @@ use std::collections::HashMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use burn::module::{AutodiffModule, Module};
-use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::module::AutodiffModule;
+use burn::tensor::backend::AutodiffBackend;
 use burn_dist::{Ddp, GradScaler, ParamInfo};
-use burn_dist_comm::{Communicator, HostBuffer, HostCommunicator};
 use safetensors::{Dtype, tensor::TensorView};
 
 use crate::{FlatLayout, OptimizerShard, ZeroAdam};
+use agreement::{agree, gather_u64s};
+use manifest::parse_step;
 
-pub use error::{CheckpointError, Result};
+pub use error::{CheckpointError, Result, SaveStage};
+pub use fault_points::{FAULT_VAR, PAUSE_VAR, inject_fault_on_this_thread};
 pub use manifest::{
     FORMAT_VERSION, FileEntry, LayoutEntry, MANIFEST, MODEL_FILE, Manifest, ParamEntry,
     RandomState, ScalerState, shard_file as shard_file_name,
 };
+pub use retention::keep_last;
+pub use save::save;
 
 /// Everything besides weights and optimizer state that a resumed run needs.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
@@ -87,55 +98,41 @@ impl TrainingState {
     }
 }
 
-/// Environment variable of the crash tests' fault point: `after-shard:<step>` makes every rank
-/// that has written its shard of step `<step>` announce it on stderr and wait to be killed,
-/// before any manifest exists.
-pub const PAUSE_VAR: &str = "BURN_DIST_CHECKPOINT_PAUSE";
-
-fn pause_point(point: &str, rank: usize, step: u64) {
-    if std::env::var(PAUSE_VAR).is_ok_and(|wanted| wanted == format!("{point}:{step}")) {
-        eprintln!(
-            "burn-dist: checkpoint of step {step} paused at {point} on rank {rank} (pid {})",
-            std::process::id()
-        );
-        loop {
-            std::thread::park();
-        }
-    }
-}
-
 /// The directory of step `step`'s checkpoint under `root`.
 pub fn step_dir(root: impl AsRef<Path>, step: u64) -> PathBuf {
     root.as_ref().join(format!("step-{step:010}"))
 }
 
-fn parse_step(name: &str) -> Option<u64> {
-    let digits = name.strip_prefix("step-")?;
-    (!digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()))
-        .then(|| digits.parse().ok())
-        .flatten()
-}
-
-/// The newest complete checkpoint under `root` (highest step with a manifest), if any.
-pub fn latest(root: impl AsRef<Path>) -> Result<Option<PathBuf>> {
-    let root = root.as_ref();
+/// The `step-*` directories under `root`, by step, each with whether it is complete (has a
+/// manifest). No directory: none.
+fn step_dirs(root: &Path) -> Result<Vec<(u64, PathBuf, bool)>> {
     let entries = match fs::read_dir(root) {
         Ok(entries) => entries,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(e) => return Err(CheckpointError::io(root)(e)),
     };
-    let mut best: Option<(u64, PathBuf)> = None;
+    let mut dirs = Vec::new();
     for entry in entries {
         let entry = entry.map_err(CheckpointError::io(root))?;
         let Some(step) = entry.file_name().to_str().and_then(parse_step) else {
             continue;
         };
         let dir = entry.path();
-        if dir.join(MANIFEST).is_file() && best.as_ref().is_none_or(|(s, _)| step > *s) {
-            best = Some((step, dir));
-        }
+        let complete = dir.join(MANIFEST).is_file();
+        dirs.push((step, dir, complete));
     }
-    Ok(best.map(|(_, dir)| dir))
+    dirs.sort_by_key(|(step, ..)| *step);
+    Ok(dirs)
+}
+
+/// The newest complete checkpoint under `root` (highest step with a manifest), if any.
+pub fn latest(root: impl AsRef<Path>) -> Result<Option<PathBuf>> {
+    let dirs = step_dirs(root.as_ref())?;
+    Ok(dirs
+        .into_iter()
+        .rev()
+        .find(|(.., complete)| *complete)
+        .map(|(_, dir, _)| dir))
 }
 
 /// A checkpoint directory, or the newest complete checkpoint when `path` is a root of them.
@@ -159,119 +156,6 @@ pub fn resolve(path: impl AsRef<Path>) -> Result<PathBuf> {
     })
 }
 
-/// Writes the checkpoint of `state.step` under `root` and returns its directory. A collective:
-/// every rank calls it with its own `zero`; rank 0 also writes the model and, after every
-/// rank's shard is durable, the manifest. Saving a step again replaces it (it is incomplete in
-/// between).
-pub fn save<B: Backend, M: Module<B>>(
-    root: impl AsRef<Path>,
-    ddp: &Ddp,
-    model: &M,
-    zero: &ZeroAdam,
-    state: &TrainingState,
-) -> Result<PathBuf> {
-    let (comm, rank) = (ddp.communicator(), ddp.rank());
-    let dir = step_dir(&root, state.step);
-    let _span = tracing::info_span!("checkpoint save", rank, step = state.step).entered();
-
-    // 1. Rank 0 makes the directory (and un-completes an older save of this step).
-    let prepared = if rank == 0 {
-        prepare_dir(root.as_ref(), &dir)
-    } else {
-        Ok(())
-    };
-    agree(comm, prepared)?;
-
-    // 2. Every rank writes its shard durably; rank 0 the weights too.
-    let shard_name = manifest::shard_file(rank);
-    let written = (|| {
-        let bytes = shard_file::encode(&zero.export());
-        files::write_atomic(&dir, &shard_name, &bytes)?;
-        pause_point("after-shard", rank, state.step);
-        let (size, crc) = files::fingerprint(&bytes);
-        let model_entry = if rank == 0 {
-            Some(write_model::<B, M>(&dir, model, state.step)?)
-        } else {
-            None
-        };
-        Ok((size, crc, model_entry))
-    })();
-    let (size, crc, model_entry) = agree(comm, written)?;
-
-    // 3. Every shard is durable once every rank got here: rank 0 commits with the manifest.
-    let mut mine = size.to_le_bytes().to_vec();
-    mine.extend_from_slice(&u64::from(crc).to_le_bytes());
-    let world = ddp.world_size();
-    let all = comm.all_gather(HostBuffer::U8(mine), 16 * world).wait()?;
-    let committed = if rank == 0 {
-        let mut entries: Vec<FileEntry> = model_entry.into_iter().collect();
-        for (r, chunk) in all.as_bytes().chunks_exact(16).enumerate() {
-            entries.push(FileEntry {
-                name: manifest::shard_file(r),
-                rank: Some(r),
-                bytes: u64::from_le_bytes(chunk[..8].try_into().expect("8 bytes")),
-                crc32: u64::from_le_bytes(chunk[8..].try_into().expect("8 bytes")) as u32,
-            });
-        }
-        let manifest = Manifest {
-            format_version: FORMAT_VERSION,
-            world_size: world,
-            step: state.step,
-            samples_consumed: state.samples_consumed,
-            scaler: state.scaler,
-            random: state.random,
-            layout: LayoutEntry::of(zero.layout()),
-            buckets: ddp.next_layout().bucket_params(),
-            params: ddp.params().iter().map(param_entry).collect(),
-            files: entries,
-        };
-        manifest.write(&dir)
-    } else {
-        Ok(())
-    };
-    // 4. Nobody returns before the checkpoint is complete (or every rank knows it failed).
-    agree(comm, committed)?;
-    tracing::info!(dir = %dir.display(), "checkpoint saved");
-    Ok(dir)
-}
-
-fn param_entry(p: &ParamInfo) -> ParamEntry {
-    ParamEntry {
-        name: p.name.clone(),
-        shape: p.shape.clone(),
-        dtype: format!("{:?}", p.dtype),
-    }
-}
-
-fn prepare_dir(root: &Path, dir: &Path) -> Result<()> {
-    fs::create_dir_all(dir).map_err(CheckpointError::io(dir))?;
-    files::sync_dir(root)?;
-    let manifest = dir.join(MANIFEST);
-    if manifest.exists() {
-        fs::remove_file(&manifest).map_err(CheckpointError::io(&manifest))?;
-        files::sync_dir(dir)?;
-    }
-    Ok(())
-}
-
-fn write_model<B: Backend, M: Module<B>>(dir: &Path, model: &M, step: u64) -> Result<FileEntry> {
-    let metadata = HashMap::from([
-        ("producer".to_string(), "burn-dist".to_string()),
-        ("step".to_string(), step.to_string()),
-    ]);
-    let bytes = weights::collect::<B, M>(model)
-        .serialize(metadata)
-        .map_err(|reason| CheckpointError::corrupt(dir.join(MODEL_FILE), reason))?;
-    files::write_atomic(dir, MODEL_FILE, &bytes)?;
-    let (size, crc) = files::fingerprint(&bytes);
-    Ok(FileEntry {
-        name: MODEL_FILE.into(),
-        rank: None,
-        bytes: size,
-        crc32: crc,
-    })
-}
-
 /// Loads the checkpoint at `path` (a step directory, or a root whose newest complete
 /// checkpoint is taken) into `model` and `zero`, at any world size. A collective. Verifies the
 /// size and checksum of every file it reads; nothing is changed unless every rank succeeds.
@@ -291,7 +175,7 @@ pub fn load<B: AutodiffBackend, M: AutodiffModule<B>>(
         check_fits(&dir, &manifest, ddp.params())?;
         let entry = manifest.model_entry(&dir)?;
         let bytes = files::read_verified(&dir, entry)?;
-        let model = weights::overwrite::<B, M>(model, &dir.join(&entry.name), &bytes)?;
+        let model = weights::overwrite::<B, M>(model, &dir.join(entry.defined_name()), &bytes)?;
         let shard = assemble_shard(&dir, &manifest, zero.layout(), rank)?;
         Ok((dir, manifest, model, shard))
     })();
@@ -299,17 +183,9 @@ pub fn load<B: AutodiffBackend, M: AutodiffModule<B>>(
 
     // Every rank must have loaded the same step (a save racing with the resolution of
     // `latest` could make them differ).
-    let world = ddp.world_size();
-    let steps = comm
-        .all_gather(
-            HostBuffer::U8(manifest.step.to_le_bytes().to_vec()),
-            8 * world,
-        )
-        .wait()?;
-    let steps: Vec<u64> = steps
-        .as_bytes()
-        .chunks_exact(8)
-        .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
+    let steps: Vec<u64> = gather_u64s(comm, &[manifest.step])?
+        .iter()
+        .map(|rank| rank[0])
         .collect();
     if steps.iter().any(|&s| s != steps[0]) {
         return Err(CheckpointError::Mismatch {
@@ -410,7 +286,7 @@ fn assemble_shard(
 /// Rank `rank`'s saved shard, verified against the manifest.
 fn read_shard(dir: &Path, manifest: &Manifest, rank: usize) -> Result<OptimizerShard> {
     let entry = manifest.shard_entry(dir, rank)?;
-    let path = dir.join(&entry.name);
+    let path = dir.join(entry.defined_name());
     let bytes = files::read_verified(dir, entry)?;
     let shard = shard_file::decode(&path, &bytes)?;
     if shard.rank != rank
@@ -541,46 +417,4 @@ pub fn consolidate(path: impl AsRef<Path>, out: impl AsRef<Path>) -> Result<Full
         .ok_or_else(|| CheckpointError::corrupt(out, "not a file name"))?;
     files::write_atomic(&parent, name, &bytes)?;
     Ok(full)
-}
-
-/// Every rank's outcome of a local part of a collective: `Ok` everywhere, or every rank fails
-/// (a failing rank with its own error, the others naming the first failing rank and its
-/// message). Always runs the same collectives on every rank, so a failure never hangs a peer.
-fn agree<T>(comm: &HostCommunicator, local: Result<T>) -> Result<T> {
-    let world = comm.world_size();
-    let message = match &local {
-        Ok(_) => Vec::new(),
-        Err(e) => e.to_string().into_bytes(),
-    };
-    let lengths = comm
-        .all_gather(
-            HostBuffer::U8((message.len() as u64).to_le_bytes().to_vec()),
-            8 * world,
-        )
-        .wait()?;
-    let lengths: Vec<usize> = lengths
-        .as_bytes()
-        .chunks_exact(8)
-        .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")) as usize)
-        .collect();
-    let longest = lengths.iter().copied().max().unwrap_or(0);
-    if longest == 0 {
-        return local;
-    }
-    let mut padded = message;
-    padded.resize(longest, 0);
-    let all = comm
-        .all_gather(HostBuffer::U8(padded), longest * world)
-        .wait()?;
-    // This rank's own error, or the first failing rank's.
-    local?;
-    let rank = lengths
-        .iter()
-        .position(|&l| l > 0)
-        .expect("some rank failed");
-    let bytes = &all.as_bytes()[rank * longest..rank * longest + lengths[rank]];
-    Err(CheckpointError::Rank {
-        rank,
-        message: String::from_utf8_lossy(bytes).into_owned(),
-    })
 }

@@ -1,5 +1,9 @@
 //! Sharded checkpoints: exact resume, resharding to other world sizes, refusal of damaged
-//! checkpoints, consolidation and atomicity.
+//! checkpoints, consolidation and atomicity; checkpoints as untrusted input (`untrusted.rs`);
+//! failing disks, ranks without a shared directory and retention (`disk.rs`).
+
+mod disk;
+mod untrusted;
 
 use std::path::{Path, PathBuf};
 
@@ -9,7 +13,9 @@ use burn_dist::testing::{MLP_SIZES, Mlp, assert_close, parameters, shard_rows, s
 use burn_dist::{Ddp, DdpConfig, DistributedBackend, GradScalerConfig};
 use burn_dist_comm::testing::run_ranks;
 use burn_dist_comm::{CommConfig, HostCommunicator};
-use burn_dist_zero::checkpoint::{self, MANIFEST, MODEL_FILE, TrainingState};
+use burn_dist_zero::checkpoint::{
+    self, CheckpointError, MANIFEST, MODEL_FILE, SaveStage, TrainingState,
+};
 use burn_dist_zero::{OptimizerShard, ZeroAdamConfig};
 use burn_flex::{Flex, FlexDevice};
 use safetensors::{Dtype, SafeTensors};
@@ -46,6 +52,16 @@ struct Outcome {
     /// The buckets (parameters in each) at the end, and how often they were rebuilt.
     buckets: Vec<Vec<usize>>,
     layout_rebuilds: u64,
+    /// The save that failed (training stopped there).
+    save_failure: Option<SaveFailure>,
+}
+
+/// A failed save's typed error, taken apart.
+#[derive(Debug, Clone)]
+struct SaveFailure {
+    stage: SaveStage,
+    step: u64,
+    message: String,
 }
 
 #[derive(Clone, Copy, Default)]
@@ -53,23 +69,28 @@ struct Plan<'a> {
     world: usize,
     seed: u64,
     resume: Option<&'a Path>,
-    save: Option<(&'a Path, u64)>,
+    /// Where to save, and after which steps.
+    save: Option<(&'a Path, &'a [u64])>,
     until: u64,
+    /// An injected disk fault (`checkpoint::FAULT_VAR`'s syntax) on one rank.
+    fault: Option<(usize, &'a str)>,
+    /// Every rank saves under its own `<root>/rank-<r>`, as nodes without a shared filesystem.
+    private_roots: bool,
 }
 
-/// Trains an MLP with ZeroAdam and a loss scaler on `plan.world` thread ranks, optionally
-/// resuming from a checkpoint first and saving one on the way.
 /// 2 ranks train 2 steps and save a checkpoint of step 2 under `root`.
 fn saved_at_step_2(root: &Path) -> Vec<Outcome> {
     train(Plan {
         world: 2,
         seed: SEED,
-        save: Some((root, 2)),
+        save: Some((root, &[2])),
         until: 2,
         ..Default::default()
     })
 }
 
+/// Trains an MLP with ZeroAdam and a loss scaler on `plan.world` thread ranks, optionally
+/// resuming from a checkpoint first and saving on the way; stops at a failed save.
 fn train(plan: Plan<'_>) -> Vec<Outcome> {
     let world = plan.world;
     run_ranks(
@@ -81,7 +102,12 @@ fn train(plan: Plan<'_>) -> Vec<Outcome> {
                 .unwrap();
             let mut zero = ZeroAdamConfig::new().init::<B, _>(&ddp, &model).unwrap();
             let mut scaler = GradScalerConfig::new().with_growth_interval(2).init();
-            let (mut start, mut snapshot, mut loaded) = (0, None, None);
+            let (mut start, mut snapshot, mut loaded, mut save_failure) = (0, None, None, None);
+            if let Some((faulty, spec)) = plan.fault
+                && faulty == rank
+            {
+                checkpoint::inject_fault_on_this_thread(Some(spec));
+            }
             if let Some(path) = plan.resume {
                 let (m, state) = checkpoint::load(path, &ddp, model, &mut zero).unwrap();
                 model = m;
@@ -100,14 +126,32 @@ fn train(plan: Plan<'_>) -> Vec<Outcome> {
                     .step_scaled(1e-2, model, grads, &ddp, &mut scaler)
                     .unwrap()
                     .0;
+                let done = step + 1;
                 if let Some((root, at)) = plan.save
-                    && step + 1 == at
+                    && at.contains(&done)
                 {
-                    let state = TrainingState::new(at, at * GLOBAL_BATCH as u64)
+                    let state = TrainingState::new(done, done * GLOBAL_BATCH as u64)
                         .with_scaler(&scaler)
-                        .with_random(0, at);
-                    checkpoint::save(root, &ddp, &model, &zero, &state).unwrap();
-                    snapshot = Some(zero.export());
+                        .with_random(0, done);
+                    let root = match plan.private_roots {
+                        true => root.join(format!("rank-{rank}")),
+                        false => root.to_path_buf(),
+                    };
+                    match checkpoint::save(&root, &ddp, &model, &zero, &state) {
+                        Ok(_) => snapshot = Some(zero.export()),
+                        Err(error) => {
+                            let CheckpointError::Save { stage, step, .. } = error else {
+                                panic!("rank {rank}: not a save error: {error}");
+                            };
+                            let message = error.to_string();
+                            save_failure = Some(SaveFailure {
+                                stage,
+                                step,
+                                message,
+                            });
+                            break;
+                        }
+                    }
                 }
             }
             Outcome {
@@ -118,6 +162,7 @@ fn train(plan: Plan<'_>) -> Vec<Outcome> {
                 loaded,
                 buckets: ddp.next_layout().bucket_params(),
                 layout_rebuilds: ddp.stats().layout_rebuilds,
+                save_failure,
             }
         },
     )
@@ -128,7 +173,7 @@ fn reference(root: &Path) -> Vec<Outcome> {
     train(Plan {
         world: 2,
         seed: SEED,
-        save: Some((root, SAVE_AT)),
+        save: Some((root, &[SAVE_AT])),
         until: STEPS,
         ..Default::default()
     })
@@ -284,7 +329,7 @@ fn damaged_checkpoints_are_refused_naming_the_file() {
     train(Plan {
         world: 2,
         seed: SEED,
-        save: Some((root.path(), 1)),
+        save: Some((root.path(), &[1])),
         until: 1,
         ..Default::default()
     });
@@ -325,10 +370,10 @@ fn damaged_checkpoints_are_refused_naming_the_file() {
     let (_keep, dir) = copy_checkpoint(&good);
     let path = dir.join(MANIFEST);
     let text = std::fs::read_to_string(&path).unwrap();
-    let newer = text.replace("\"format_version\": 1", "\"format_version\": 2");
+    let newer = text.replace("\"format_version\": 2", "\"format_version\": 3");
     assert_ne!(text, newer);
     std::fs::write(&path, newer).unwrap();
-    assert_refused(&load_errors(&dir), &["manifest.json", "format version 2"]);
+    assert_refused(&load_errors(&dir), &["manifest.json", "format version 3"]);
 }
 
 #[test]
@@ -378,7 +423,7 @@ fn an_interrupted_save_leaves_the_previous_checkpoint_latest() {
     train(Plan {
         world: 2,
         seed: SEED,
-        save: Some((root.path(), 4)),
+        save: Some((root.path(), &[4])),
         until: 4,
         ..Default::default()
     });
