@@ -38,7 +38,8 @@ enum Point {
     /// `delay_us` after the victim announced the end of `step`: in the next step's forward,
     /// backward and collectives, or in a checkpoint write (0: right between two steps).
     AfterStep { step: u64, delay_us: u64 },
-    /// Paused inside the checkpoint write of `step`, its shard durable, no manifest yet.
+    /// Paused inside the checkpoint write of `step`, its shard durable, no manifest yet, while
+    /// the other ranks wait for it in the save's collective.
     InCheckpoint { step: u64 },
 }
 
@@ -153,7 +154,7 @@ fn trial(root: &Path, n: usize, victim: usize, point: Point, straight: &[f32]) {
     let mut pids = Vec::new();
     let mut killed_at: Option<Instant> = None;
     let pause = match point {
-        Point::InCheckpoint { step } => format!("after-shard:{step}"),
+        Point::InCheckpoint { step } => format!("after-shard:{step}:{victim}"),
         _ => String::new(),
     };
     let env: &[(&str, &str)] = if pause.is_empty() {
