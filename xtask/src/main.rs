@@ -5,6 +5,7 @@ use std::process::{Command, ExitCode};
 
 mod gpt;
 mod gpu_check;
+mod mutants;
 mod prerequisites;
 
 const USAGE: &str = "\
@@ -21,6 +22,10 @@ tasks:
                 fresh Debian root (debootstrap + chroot) with only the Rust toolchain
                 and an empty cargo home (root; ~30 min; see docs/testing.md)
   integration   the multi-process tests only (launcher, real ranks on loopback)
+  mutants [GROUP...]
+                cargo-mutants on the files behind the claims (groups: scaler,
+                checkpoint-reader, zero-adam, reducer, kernels; default all, hours on 2
+                cores: run a group at a time; installs cargo-mutants; docs/testing.md)
   demo          2 processes train a transformer block data-parallel through the launcher
                 (release build; the smallest end-to-end run)
   fuzz [SECS]   fuzz the TCP store's frame decoder for SECS seconds (default 600)
@@ -42,6 +47,7 @@ fn main() -> ExitCode {
         Some("test") => prerequisites::ensure_vulkan_driver()
             .and_then(|()| cargo(&["test", "--workspace", "--all-targets", "--locked"])),
         Some("integration") => integration(),
+        Some("mutants") => mutants::mutants(&args[1..]),
         Some("rehearse") => run(Command::new("bash")
             .arg(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("rehearse.sh"))
             .args(&args[1..])),

@@ -1,0 +1,175 @@
+//! `cargo xtask mutants [GROUP…]`: mutation testing with cargo-mutants on the files that carry
+//! the project's claims, one group at a time, so that each run is bounded on 2 cores.
+//!
+//! Each group names the files to mutate and the test targets that must catch their mutants
+//! (the package's unit tests plus the integration tests that prove the claim). A run works on a
+//! fresh clone of the committed HEAD (cargo-mutants edits sources in place there, never in the
+//! working tree) and builds in the usual target dir, so only the workspace's own crates are
+//! rebuilt per mutant. Results go to `<target>/mutants/<group>/mutants.out/` (caught.txt,
+//! missed.txt, timeout.txt, unviable.txt); the counts are printed at the end and recorded by
+//! hand, dated, in docs/testing.md with the survivors triaged.
+
+use std::path::Path;
+use std::process::Command;
+
+/// A set of files mutated together, and the tests that must catch their mutants.
+struct Group {
+    name: &'static str,
+    package: &'static str,
+    files: &'static [&'static str],
+    /// Arguments to `cargo test` (which test targets run for each mutant).
+    tests: &'static [&'static str],
+}
+
+const GROUPS: &[Group] = &[
+    Group {
+        name: "scaler",
+        package: "burn-dist",
+        files: &[
+            "crates/burn-dist/src/scaler.rs",
+            "crates/burn-dist/src/sync.rs",
+        ],
+        tests: &["--lib", "--test", "ddp"],
+    },
+    Group {
+        name: "checkpoint-reader",
+        package: "burn-dist-zero",
+        files: &[
+            "crates/burn-dist-zero/src/checkpoint/manifest.rs",
+            "crates/burn-dist-zero/src/checkpoint/files.rs",
+            "crates/burn-dist-zero/src/checkpoint/shard_file.rs",
+        ],
+        tests: &["--lib", "--test", "checkpoint"],
+    },
+    Group {
+        name: "zero-adam",
+        package: "burn-dist-zero",
+        files: &["crates/burn-dist-zero/src/zero_adam.rs"],
+        tests: &["--lib", "--test", "zero_adam", "--test", "loss_scaling"],
+    },
+    Group {
+        name: "reducer",
+        package: "burn-dist",
+        files: &["crates/burn-dist/src/reducer.rs"],
+        tests: &["--lib", "--test", "ddp"],
+    },
+    Group {
+        name: "kernels",
+        package: "burn-dist-kernels",
+        files: &[
+            "crates/burn-dist-kernels/src/reference.rs",
+            "crates/burn-dist-kernels/src/kernels.rs",
+        ],
+        tests: &[
+            "--lib",
+            "--test",
+            "reference_matches_burn",
+            "--test",
+            "kernels_on_wgpu",
+        ],
+    },
+];
+
+/// Seconds one mutant's tests may take before cargo-mutants counts it as a timeout (a mutant
+/// that makes a wait endless).
+const TEST_TIMEOUT_SECS: &str = "300";
+
+pub fn mutants(args: &[String]) -> Result<(), String> {
+    let chosen: Vec<&Group> = if args.is_empty() {
+        GROUPS.iter().collect()
+    } else {
+        args.iter()
+            .map(|name| {
+                GROUPS.iter().find(|g| g.name == name).ok_or_else(|| {
+                    let names: Vec<_> = GROUPS.iter().map(|g| g.name).collect();
+                    format!(
+                        "mutants: no group {name:?}; the groups: {}",
+                        names.join(", ")
+                    )
+                })
+            })
+            .collect::<Result<_, _>>()?
+    };
+    ensure_cargo_mutants()?;
+    if chosen.iter().any(|g| g.package == "burn-dist-kernels") {
+        crate::prerequisites::ensure_vulkan_driver()?;
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .ok_or("xtask has no parent directory")?;
+    let work = crate::target_dir().join("mutants");
+    let source = work.join("src");
+    let _ = std::fs::remove_dir_all(&source);
+    std::fs::create_dir_all(&work).map_err(|e| format!("cannot create {}: {e}", work.display()))?;
+    crate::run(
+        Command::new("git")
+            .args(["clone", "--quiet", "--no-local"])
+            .arg(root)
+            .arg(&source),
+    )?;
+    let mut summary = Vec::new();
+    for group in chosen {
+        let out = work.join(group.name);
+        let _ = std::fs::remove_dir_all(&out);
+        let mut command = Command::new(env!("CARGO"));
+        command
+            .current_dir(&source)
+            .args([
+                "mutants",
+                "--in-place",
+                "--no-shuffle",
+                "--package",
+                group.package,
+            ])
+            .args(["--timeout", TEST_TIMEOUT_SECS, "--output"])
+            .arg(&out);
+        for file in group.files {
+            command.args(["--file", file]);
+        }
+        command.arg("--").args(group.tests);
+        eprintln!(
+            "xtask: mutants: group {} ({})",
+            group.name,
+            group.files.join(", ")
+        );
+        // cargo-mutants exits non-zero when a mutant survives: that is a result, not an error.
+        let status = command
+            .status()
+            .map_err(|e| format!("cannot run cargo mutants: {e}"))?;
+        let counts = count(&out.join("mutants.out"));
+        summary.push(format!("{:<18} {counts} (exit {status})", group.name));
+    }
+    println!(
+        "\ncargo-mutants, per group (outcomes under {}):",
+        work.display()
+    );
+    for line in summary {
+        println!("  {line}");
+    }
+    Ok(())
+}
+
+/// "N caught, N missed, N timeout, N unviable" from cargo-mutants' output files.
+fn count(dir: &Path) -> String {
+    ["caught", "missed", "timeout", "unviable"]
+        .iter()
+        .map(|kind| {
+            let lines = std::fs::read_to_string(dir.join(format!("{kind}.txt")))
+                .map_or(0, |t| t.lines().filter(|l| !l.trim().is_empty()).count());
+            format!("{lines} {kind}")
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn ensure_cargo_mutants() -> Result<(), String> {
+    let present = Command::new(env!("CARGO"))
+        .args(["mutants", "--version"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if present {
+        Ok(())
+    } else {
+        crate::cargo(&["install", "cargo-mutants", "--locked"])
+    }
+}
