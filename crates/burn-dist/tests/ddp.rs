@@ -190,32 +190,81 @@ fn bucket_layout_is_identical_everywhere_and_rebuilt_from_rank_0_after_step_1() 
     assert!(expected.buckets.len() >= 3);
 }
 
+/// What the observer saw in one backward: for each bucket that became complete in a hook that
+/// was not the last, whether it was launched by then and its reduction completed there.
+#[derive(Debug, Default)]
+struct Overlap {
+    /// (bucket, launched and reduced in that hook, gradients still to come after it).
+    early_buckets: Vec<(usize, bool, usize)>,
+    /// Gradient hooks seen, in order.
+    hooks: usize,
+    /// Whether every hook ran on the thread that called `backward`.
+    on_backward_thread: bool,
+}
+
 #[test]
 fn first_bucket_is_reduced_before_the_last_gradient_hook_fires() {
     let overlapped = run_ranks(comms(2), |rank, comm| {
         let mut ddp = Ddp::for_thread(comm, config());
         let model = ddp.prepare(Mlp::<B>::new(&MLP, 7, &FlexDevice)).unwrap();
-        let result = Arc::new(Mutex::new(None));
-        let out = result.clone();
-        // Inside the last gradient hook, before backward has returned: was bucket 0 already
-        // launched, and does its reduction complete (the peer, also still in backward, serves it)?
+        let layout = ddp.layout();
+        let seen = Arc::new(Mutex::new(Overlap {
+            on_backward_thread: true,
+            ..Overlap::default()
+        }));
+        let out = seen.clone();
+        let backward_thread = std::thread::current().id();
+        let mut arrived = vec![false; layout.slot.len()];
+        let mut complete = vec![false; layout.buckets.len()];
+        // In each gradient hook, on the backward thread, while later gradients are still to
+        // come: a bucket whose gradients are all in must have been launched already, and its
+        // reduction must complete (the peer, also still in its backward, serves it).
         ddp.set_observer(move |reducer, event| {
-            if let ReducerEvent::Gradient { last: true, .. } = event {
-                *out.lock().unwrap() = Some(reducer.wait_bucket(0).unwrap());
+            let ReducerEvent::Gradient { param, last } = event;
+            let mut seen = out.lock().unwrap();
+            seen.hooks += 1;
+            seen.on_backward_thread &= std::thread::current().id() == backward_thread;
+            arrived[param] = true;
+            for (b, bucket) in layout.buckets.iter().enumerate() {
+                if complete[b] || !bucket.params.iter().all(|&p| arrived[p]) {
+                    continue;
+                }
+                complete[b] = true;
+                if !last {
+                    let reduced = reducer.wait_bucket(b).unwrap();
+                    let to_come = arrived.iter().filter(|&&a| !a).count();
+                    seen.early_buckets.push((b, reduced, to_come));
+                }
             }
         });
         let x = rows(0, 0, [GLOBAL_BATCH, MLP[0]], shard(rank, 2));
         ddp.backward(model.forward(x).mean(), &model).unwrap();
         let buckets = ddp.layout().buckets.len();
-        (result.lock().unwrap().take(), buckets)
+        let seen = std::mem::take(&mut *seen.lock().unwrap());
+        (seen, buckets)
     });
-    for (done, buckets) in overlapped {
-        assert!(buckets >= 3);
-        assert_eq!(
-            done,
-            Some(true),
-            "bucket 0 was not reduced while backward still ran"
+    for (rank, (seen, buckets)) in overlapped.into_iter().enumerate() {
+        assert!(buckets >= 3, "{buckets} buckets");
+        assert!(
+            seen.on_backward_thread,
+            "rank {rank}: a hook ran off the backward thread"
         );
+        assert_eq!(
+            seen.hooks,
+            2 * (MLP.len() - 1),
+            "rank {rank}: one hook per parameter"
+        );
+        // Bucket 0 holds the last layer, whose gradients come first: it is complete while the
+        // other layers' gradients are still to come.
+        let first = seen.early_buckets.first().map(|&(b, _, _)| b);
+        assert_eq!(first, Some(0), "rank {rank}: {seen:?}");
+        for &(b, reduced, to_come) in &seen.early_buckets {
+            assert!(
+                reduced,
+                "rank {rank}: bucket {b} was complete with {to_come} gradients still to come \
+                 but had not been launched: its reduction waits for a later hook"
+            );
+        }
     }
 }
 
