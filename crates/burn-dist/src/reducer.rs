@@ -49,6 +49,10 @@ pub struct ReducerStats {
     pub backwards: u64,
     /// Times the layout was rebuilt from an observed ready order.
     pub layout_rebuilds: u64,
+    /// Reduced gradient elements that came back to this rank from its bucket reductions: a
+    /// whole bucket after an all-reduce, only this rank's own segment of it after ZeRO-2's
+    /// reduce-scatter (which is how a test sees that no rank receives another's shard).
+    pub reduced_elements_received: u64,
 }
 
 /// What the reducer tells a test observer.
@@ -594,6 +598,7 @@ impl Reducer {
                 let HostBuffer::F32(reduced) = pending.wait()? else {
                     unreachable!("an f32 reduction returns f32")
                 };
+                self.stats.reduced_elements_received += reduced.len() as u64;
                 match (self.sharded.as_mut(), &mut self.store) {
                     (Some(sharded), _) => {
                         sharded.add_segment(b, &reduced, self.micro_batch == 0);
@@ -608,13 +613,17 @@ impl Reducer {
             #[cfg(feature = "cuda")]
             Some(InFlight::Device(pending)) => {
                 pending.wait()?;
-                if let (Some(sharded), Store::Device(device)) =
+                let bucket = &self.layout.buckets[b];
+                let received = if let (Some(sharded), Store::Device(device)) =
                     (self.sharded.as_mut(), &mut self.store)
                 {
-                    let bucket = &self.layout.buckets[b];
                     let segment = device.owned_segment(bucket, sharded.flat(), self.comm.rank())?;
                     sharded.add_segment(b, &segment, self.micro_batch == 0);
-                }
+                    segment.len()
+                } else {
+                    bucket.len
+                };
+                self.stats.reduced_elements_received += received as u64;
             }
             None => {}
         }
