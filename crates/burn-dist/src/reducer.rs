@@ -287,6 +287,12 @@ impl Reducer {
         Ok(GradientShard { values, used })
     }
 
+    /// ZeRO-2: the last finished window's gradient shard, in place, before the optimizer takes
+    /// it (test-only fault injection, `crate::testing`).
+    pub(crate) fn finished_shard_mut(&mut self) -> Option<&mut [f32]> {
+        self.sharded.as_mut()?.finished_mut()
+    }
+
     /// Gradient elements the reducer holds now: the bucket buffers and, under ZeRO-2, the
     /// shard.
     pub fn gradient_elements_held(&self) -> usize {

@@ -436,6 +436,7 @@ fn dropout_is_reproducible_and_differs_across_ranks_and_steps() {
 #[test]
 fn grad_scaler_unscales_exactly_and_all_ranks_agree_on_overflow() {
     use burn_dist::GradScalerConfig;
+    use burn_dist::testing::overflow_on_this_rank;
     let results = run_ranks(comms(2), |rank, comm| {
         let mut ddp = Ddp::for_thread(comm, config());
         let model = ddp.prepare(Mlp::<B>::new(&MLP, 7, &FlexDevice)).unwrap();
@@ -466,23 +467,29 @@ fn grad_scaler_unscales_exactly_and_all_ranks_agree_on_overflow() {
                 .unwrap(),
         );
         let model = ddp.mark(model);
-        // Only rank 1 overflows; rank 0 must still learn about it.
-        let poisoned = if rank == 1 {
-            loss(&model).mul_scalar(f32::INFINITY)
-        } else {
-            loss(&model)
-        };
+        // Only rank 1 overflows, after the average (so the average cannot spread it): rank 0's
+        // gradients are finite, and it must still learn of the overflow from rank 1.
         let grads = ddp
-            .backward(scaler.scale_loss(poisoned), &model)
+            .backward(scaler.scale_loss(loss(&model)), &model)
             .unwrap()
             .unwrap();
+        let grads = if rank == 1 {
+            overflow_on_this_rank(&ddp, grads, &model)
+        } else {
+            grads
+        };
+        let finite_here = read(&grads).iter().all(|g| g.is_finite());
         let skipped = scaler
             .unscale(grads, &model, ddp.communicator())
             .unwrap()
             .is_none();
-        (plain == unscaled, skipped)
+        (plain == unscaled, finite_here, skipped)
     });
-    assert_eq!(results, [(true, true), (true, true)]);
+    assert_eq!(
+        results,
+        [(true, true, true), (true, false, true)],
+        "(unscaled exactly, finite on this rank, step skipped) per rank"
+    );
 }
 
 #[test]
