@@ -157,20 +157,24 @@ fn collectives_are_issued_only_on_the_last_micro_batch() {
 
 #[test]
 fn bucket_layout_is_identical_everywhere_and_rebuilt_from_rank_0_after_step_1() {
-    let layouts = run_ranks(comms(3), |rank, comm| {
+    const WORLD: usize = 3;
+    let layouts = run_ranks(comms(WORLD), |rank, comm| {
         let mut ddp = Ddp::for_thread(comm, config());
-        let mut model = ddp.prepare(Mlp::<B>::new(&MLP, 7, &FlexDevice)).unwrap();
+        let branches: Vec<Mlp<B>> = (0..2).map(|i| Mlp::new(&MLP, 7 + i, &FlexDevice)).collect();
+        let mut model = ddp.prepare(branches).unwrap();
         let initial = ddp.layout();
         let order = Arc::new(Mutex::new(Vec::new()));
         let seen = order.clone();
         ddp.set_observer(move |_, ReducerEvent::Gradient { param, .. }| {
             seen.lock().unwrap().push(param)
         });
-        let x = rows(0, 0, [GLOBAL_BATCH, MLP[0]], shard(rank, 3));
-        let grads = ddp
-            .backward(model.forward(x).mean(), &model)
-            .unwrap()
-            .unwrap();
+        // Burn's backward visits the graph breadth first from the loss, left operand first, so
+        // the branches' gradients interleave in an order that depends on which branch is
+        // added first: rank 0 adds branch 0 first, the other ranks branch 1.
+        let x = || rows(0, 0, [GLOBAL_BATCH, MLP[0]], shard(rank, WORLD));
+        let [first, second] = if rank == 0 { [0, 1] } else { [1, 0] };
+        let out = model[first].forward(x()) + model[second].forward(x());
+        let grads = ddp.backward(out.mean(), &model).unwrap().unwrap();
         model = AdamConfig::new().init().step(LR, model, grads);
         let rebuilt = ddp.next_layout();
         let observed = order.lock().unwrap().clone();
@@ -180,11 +184,26 @@ fn bucket_layout_is_identical_everywhere_and_rebuilt_from_rank_0_after_step_1() 
     let numels: Vec<usize> = (0..MLP.len() - 1)
         .flat_map(|i| [MLP[i] * MLP[i + 1], MLP[i + 1]])
         .collect();
-    let rank0_order = burn_dist::bucket::complete_order(&layouts[0].2, numels.len());
-    let expected = burn_dist::bucket::Layout::build(&numels, &rank0_order, &config().buckets);
-    for (initial, rebuilt, _, rebuilds) in &layouts {
-        assert_eq!(initial, &layouts[0].0);
-        assert_eq!(rebuilt, &expected, "rebuilt from rank 0's observed order");
+    let numels = [numels.clone(), numels].concat();
+    let layout_of = |observed: &[usize]| {
+        let order = burn_dist::bucket::complete_order(observed, numels.len());
+        burn_dist::bucket::Layout::build(&numels, &order, &config().buckets)
+    };
+    let expected = layout_of(&layouts[0].2);
+    // The test means something only if the ranks' own orders lead to other layouts.
+    for (rank, (_, _, observed, _)) in layouts.iter().enumerate().skip(1) {
+        assert_ne!(
+            observed, &layouts[0].2,
+            "rank {rank} observed rank 0's order: the test cannot tell whose order was used"
+        );
+        assert_ne!(layout_of(observed), expected, "rank {rank}'s own layout");
+    }
+    for (rank, (initial, rebuilt, _, rebuilds)) in layouts.iter().enumerate() {
+        assert_eq!(initial, &layouts[0].0, "rank {rank}'s initial layout");
+        assert_eq!(
+            rebuilt, &expected,
+            "rank {rank}: rebuilt from rank 0's observed order"
+        );
         assert_eq!(*rebuilds, 1);
     }
     assert!(expected.buckets.len() >= 3);
