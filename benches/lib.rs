@@ -96,6 +96,9 @@ impl ReducerCheck {
             bytes_copied: self.last.bytes_copied + self.bytes_per_step,
             backwards: self.last.backwards + 1,
             layout_rebuilds: 1,
+            // Every bucket is all-reduced: each rank receives every gradient element.
+            reduced_elements_received: self.last.reduced_elements_received
+                + self.bytes_per_step / 4,
         };
         assert_eq!(
             now, expected,

@@ -59,50 +59,63 @@ fn departed_rank_is_named_by_every_survivor_over_shared_memory() {
     departed_rank_is_named_by_every_survivor(comms);
 }
 
-/// Rank 1 stays alive but never joins the collective: rank 0 fails with a timeout naming it.
+/// Rank 1 of 3 stays alive but never joins the collective: ranks 0 and 2 fail naming it. Rank
+/// 0 first waits on rank 2 (the order in which it receives, and its upstream neighbour in a
+/// ring), which answers: the error must name the rank that is silent, not the peer a rank
+/// happened to be waiting on first, which a world of 2 cannot tell apart.
 fn silent_rank_times_out_naming_it(comms: Vec<HostCommunicator>) {
+    const SILENT: usize = 1;
+    let live = comms.len() - 1;
+    assert!(live >= 2, "the silent rank must not be the only peer");
     let (done_tx, done_rx) = mpsc::channel::<()>();
     let done_rx = std::sync::Mutex::new(done_rx);
     let errors = run_ranks(comms, |rank, comm| {
-        if rank == 1 {
-            // Keep the communicator alive until rank 0 has its answer.
-            _ = done_rx.lock().unwrap().recv();
+        if rank == SILENT {
+            // Keep the communicator alive until every other rank has its answer.
+            let done_rx = done_rx.lock().unwrap();
+            for _ in 0..live {
+                _ = done_rx.recv();
+            }
             return None;
         }
         let started = Instant::now();
         let error = all_reduce_f32(&comm, 8).unwrap_err();
         done_tx.send(()).unwrap();
-        Some((error, started.elapsed()))
+        Some((rank, error, started.elapsed()))
     });
-    let (error, elapsed) = errors.into_iter().flatten().next().unwrap();
-    assert!(
-        matches!(error, CommError::Timeout { peer: 1, .. }),
-        "{error}"
-    );
-    assert!(
-        error
-            .to_string()
-            .starts_with("rank 1 did not answer within 0.3 s during all_reduce #0"),
-        "{error}"
-    );
-    assert!(elapsed < Duration::from_secs(5), "{elapsed:?}");
+    for (rank, error, elapsed) in errors.into_iter().flatten() {
+        // Its own timeout, or a peer's that aborted the group first: either way, rank 1.
+        let named = match &error {
+            CommError::Timeout { peer, .. } => *peer == SILENT,
+            CommError::Aborted { reason, .. } => reason.starts_with("rank 1 did not answer"),
+            _ => false,
+        };
+        assert!(named, "rank {rank}: {error}");
+        assert!(
+            error
+                .to_string()
+                .contains("rank 1 did not answer within 0.3 s during all_reduce #0"),
+            "rank {rank}: {error}"
+        );
+        assert!(elapsed < Duration::from_secs(5), "rank {rank}: {elapsed:?}");
+    }
 }
 
 #[test]
 fn silent_rank_times_out_naming_it_in_process() {
-    silent_rank_times_out_naming_it(HostCommunicator::local_group(2, &config(300)));
+    silent_rank_times_out_naming_it(HostCommunicator::local_group(3, &config(300)));
 }
 
 #[test]
 fn silent_rank_times_out_naming_it_over_tcp() {
     // The mesh is built with a generous timeout; only the collective's wait is short.
-    let (_store, comms) = linked_group(2, &config(300), Link::Tcp);
+    let (_store, comms) = linked_group(3, &config(300), Link::Tcp);
     silent_rank_times_out_naming_it(comms);
 }
 
 #[test]
 fn silent_rank_times_out_naming_it_over_shared_memory() {
-    let (_store, comms) = linked_group(2, &config(300), Link::SharedMemory);
+    let (_store, comms) = linked_group(3, &config(300), Link::SharedMemory);
     silent_rank_times_out_naming_it(comms);
 }
 

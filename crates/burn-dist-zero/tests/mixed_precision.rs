@@ -1,5 +1,11 @@
 //! Mixed precision with ZeroAdam: f16 parameters with fp32 master weights and loss scaling,
 //! and bf16 parameters without scaling, train to within 2 % of the f32 run's final loss.
+//!
+//! The loss is multiplied by [`SMALL`] before backward, so that the gradients are as small as
+//! real ones often are: in f16 they then underflow to zero unless the loss scaler lifts them,
+//! so an inert scaler (scale 1) leaves f16 untrained and fails the comparison. Adam's eps is
+//! tiny so that f32's and bf16's updates do not feel the factor (Adam is otherwise scale
+//! invariant).
 
 use burn::backend::Autodiff;
 use burn::module::Module;
@@ -15,6 +21,9 @@ type B = Autodiff<DistributedBackend<Flex>>;
 
 const GLOBAL_BATCH: usize = 12;
 const STEPS: usize = 25;
+/// 2⁻²⁰: the loss's gradient seed in f16 becomes subnormal, and every gradient below f16's
+/// smallest subnormal (2⁻²⁴) flushes to zero without scaling.
+const SMALL: f32 = 1.0 / (1 << 20) as f32;
 
 /// First and final loss (in f32, averaged over 2 ranks) of memorizing one fixed batch with
 /// parameters in `dtype`.
@@ -25,7 +34,10 @@ fn losses(dtype: FloatDType, scaled: bool) -> (f32, f32) {
             let mut ddp = Ddp::for_thread(comm, DdpConfig::new());
             let model = Mlp::<B>::new(&MLP_SIZES, 7, &FlexDevice).map(&mut Cast(dtype));
             let mut model = ddp.prepare(model).unwrap();
-            let mut zero = ZeroAdamConfig::new().init::<B, _>(&ddp, &model).unwrap();
+            let mut zero = ZeroAdamConfig::new()
+                .with_epsilon(1e-20)
+                .init::<B, _>(&ddp, &model)
+                .unwrap();
             let mut scaler = GradScalerConfig::new().init();
             let [input, .., output] = MLP_SIZES;
             let rows = shard_rows(GLOBAL_BATCH, rank, 2);
@@ -37,6 +49,7 @@ fn losses(dtype: FloatDType, scaled: bool) -> (f32, f32) {
             for _ in 0..STEPS {
                 let loss = (model.forward(x.clone()) - y.clone()).powi_scalar(2).mean();
                 seen.push(loss.clone().cast(FloatDType::F32).into_scalar());
+                let loss = loss.mul_scalar(SMALL);
                 let grads;
                 (model, _) = if scaled {
                     grads = ddp

@@ -181,13 +181,39 @@ fn stage_two_reduces_every_micro_batch_into_the_owners_shard() {
     assert!(two[0] == two[1], "ranks agree");
 }
 
+/// What one rank's gradients occupied around a backward (see the test below).
+#[derive(Debug)]
+struct GradientMemory {
+    /// The most gradient elements the reducer held in any gradient hook of the backward.
+    peak_in_backward: usize,
+    /// What it holds once the backward is over.
+    after_backward: usize,
+    /// Reduced elements the rank's bucket reductions delivered to it.
+    received: u64,
+    /// Gradients `Ddp::backward` returned.
+    returned: usize,
+    /// Elements allocated under the gradients in Burn's own container (storage, not shape).
+    in_burn: usize,
+    /// Whether every value read from Burn's container is zero.
+    in_burn_zero: bool,
+    /// Parameters, and their elements.
+    params: usize,
+    total: usize,
+    /// This rank's shard: its length (padding included), and its elements that are real.
+    shard_len: usize,
+    shard_real: usize,
+    /// The largest bucket, in elements.
+    largest_bucket: usize,
+}
+
 #[test]
 fn after_backward_each_rank_holds_only_its_gradient_shard() {
     use burn_dist::testing::{MLP_SIZES, Mlp, shard_rows, synthetic_rows};
+    use std::sync::{Arc, Mutex};
     const WORLD: usize = 3;
     let [input, .., output] = MLP_SIZES;
     for stage in [1, 2] {
-        let held = run_ranks(
+        let ranks = run_ranks(
             HostCommunicator::local_group(WORLD, &CommConfig::default()),
             |rank, comm| {
                 let mut ddp = Ddp::for_thread(comm, ddp_config(1));
@@ -198,6 +224,13 @@ fn after_backward_each_rank_holds_only_its_gradient_shard() {
                     .with_stage(stage)
                     .init::<B, _>(&ddp, &model)
                     .unwrap();
+                // The reducer's holdings in every gradient hook, while backward runs.
+                let peak = Arc::new(Mutex::new(0));
+                let seen = peak.clone();
+                ddp.set_observer(move |reducer, _| {
+                    let mut peak = seen.lock().unwrap();
+                    *peak = (*peak).max(reducer.gradient_elements_held());
+                });
                 let rows = shard_rows(GLOBAL_BATCH, rank, WORLD);
                 let x =
                     synthetic_rows::<B, 2>(0, 0, [GLOBAL_BATCH, input], rows.clone(), &FlexDevice);
@@ -205,35 +238,80 @@ fn after_backward_each_rank_holds_only_its_gradient_shard() {
                 // Burn's own container after a backward: at stage 2 each local gradient was
                 // released as soon as it was in its bucket.
                 let loss = (model.forward(x.clone()) - y.clone()).powi_scalar(2).mean();
-                let in_burn = GradAbsSum::of(&model, loss.backward());
+                let in_burn = BurnGradients::of(&model, loss.backward());
                 let model = ddp.mark(model);
                 let loss = (model.forward(x) - y).powi_scalar(2).mean();
+                let received_before = ddp.stats().reduced_elements_received;
                 let grads = ddp.backward(loss, &model).unwrap().unwrap();
-                let held = ddp.gradient_elements_held();
-                let returned = grads.len();
                 let layout = zero.layout().clone();
+                let shard = layout.shard(rank);
+                let memory = GradientMemory {
+                    peak_in_backward: *peak.lock().unwrap(),
+                    after_backward: ddp.gradient_elements_held(),
+                    received: ddp.stats().reduced_elements_received - received_before,
+                    returned: grads.len(),
+                    in_burn: in_burn.allocated,
+                    in_burn_zero: in_burn.all_zero,
+                    params: in_burn.params,
+                    total: layout.total,
+                    shard_len: layout.shard_len,
+                    shard_real: layout.total.min(shard.end).saturating_sub(shard.start),
+                    largest_bucket: ddp.layout().buckets.iter().map(|b| b.len).max().unwrap(),
+                };
                 zero.step(LR, model, grads, &ddp).unwrap();
-                (held, returned, in_burn, layout.shard_len, layout.total)
+                memory
             },
         );
-        for (rank, (held, returned, in_burn, shard_len, total)) in held.into_iter().enumerate() {
+        for (rank, m) in ranks.into_iter().enumerate() {
             if stage == 2 {
-                assert_eq!(held, shard_len, "stage 2, rank {rank}: only its shard");
+                assert!(m.shard_len * WORLD < m.total + 4 * WORLD, "{m:?}");
                 assert_eq!(
-                    returned, 0,
+                    m.after_backward, m.shard_len,
+                    "stage 2, rank {rank}: only its shard"
+                );
+                // While backward ran: the shard and the bucket being filled, never all of them.
+                assert!(
+                    m.peak_in_backward <= m.shard_len + m.largest_bucket,
+                    "stage 2, rank {rank}: held {} gradient elements during backward; at most \
+                     its shard and one bucket: {m:?}",
+                    m.peak_in_backward
+                );
+                // Each bucket was reduced straight to its owners: the rank received its own
+                // segments and nothing else (an all-reduce would deliver every element).
+                assert_eq!(
+                    m.received, m.shard_real as u64,
+                    "stage 2, rank {rank}: received reduced elements beyond its shard: {m:?}"
+                );
+                assert_eq!(
+                    m.returned, 0,
                     "stage 2, rank {rank}: no full gradient returned"
                 );
+                // Burn's container: one element of storage per released gradient, whatever
+                // its shape.
                 assert_eq!(
-                    in_burn, 0.0,
-                    "stage 2, rank {rank}: local gradients released"
+                    m.in_burn, m.params,
+                    "stage 2, rank {rank}: local gradients still allocated in Burn's container: \
+                     {m:?}"
                 );
-                assert!(shard_len * WORLD < total + 4 * WORLD);
-            } else {
-                assert_eq!(held, total, "stage 1, rank {rank}: every bucket, in full");
                 assert!(
-                    in_burn > 0.0,
+                    m.in_burn_zero,
+                    "stage 2, rank {rank}: released gradients read as 0"
+                );
+            } else {
+                assert_eq!(
+                    m.after_backward, m.total,
+                    "stage 1, rank {rank}: every bucket"
+                );
+                assert_eq!(m.peak_in_backward, m.total, "stage 1, rank {rank}: {m:?}");
+                assert_eq!(
+                    m.received, m.total as u64,
+                    "stage 1, rank {rank}: all-reduced"
+                );
+                assert_eq!(
+                    m.in_burn, m.total,
                     "stage 1, rank {rank}: Burn keeps the gradients"
                 );
+                assert!(!m.in_burn_zero, "stage 1, rank {rank}: real gradients");
             }
         }
     }
@@ -332,34 +410,42 @@ fn clipping_equals_clipping_the_concatenated_gradient() {
     }
 }
 
-/// The sum of |g| over every gradient in Burn's container.
-struct GradAbsSum {
+/// The gradients in Burn's own container: the elements their storage allocates (not their
+/// shapes': a zero-stride view of one zero allocates one), and whether every value is zero.
+struct BurnGradients {
     grads: burn::optim::GradientsParams,
-    sum: f64,
+    params: usize,
+    allocated: usize,
+    all_zero: bool,
 }
 
-impl GradAbsSum {
+impl BurnGradients {
     fn of<M: burn::module::AutodiffModule<B>>(
         model: &M,
         raw: <B as burn::tensor::backend::AutodiffBackend>::Gradients,
-    ) -> f64 {
-        let mut visitor = GradAbsSum {
+    ) -> Self {
+        let mut visitor = BurnGradients {
             grads: burn::optim::GradientsParams::from_grads(raw, model),
-            sum: 0.0,
+            params: 0,
+            allocated: 0,
+            all_zero: true,
         };
         model.visit(&mut visitor);
-        visitor.sum
+        visitor
     }
 }
 
-impl burn::module::ModuleVisitor<B> for GradAbsSum {
+impl burn::module::ModuleVisitor<B> for BurnGradients {
     fn visit_float<const D: usize>(
         &mut self,
         param: &burn::module::Param<burn::tensor::Tensor<B, D>>,
     ) {
         if let Some(grad) = self.grads.get::<DistributedBackend<Flex>, D>(param.id) {
+            self.params += 1;
+            let storage = grad.clone().into_primitive().tensor();
+            self.allocated += storage.bytes().len() / storage.dtype().size();
             let values = grad.into_data().convert::<f32>().to_vec::<f32>().unwrap();
-            self.sum += values.iter().map(|g| f64::from(g.abs())).sum::<f64>();
+            self.all_zero &= values.iter().all(|&g| g == 0.0);
         }
     }
 }

@@ -335,6 +335,11 @@ impl Ddp {
         lock(&self.reducer).take_gradient_shard()
     }
 
+    /// Runs `f` on this rank's reducer (test-only fault injection, `crate::testing`).
+    pub(crate) fn with_reducer<R>(&self, f: impl FnOnce(&mut Reducer) -> R) -> R {
+        f(&mut lock(&self.reducer))
+    }
+
     /// Gradient elements (f32) the reducer holds right now: its bucket buffers and, under
     /// ZeRO-2, the gradient shard. Not counted: the gradients inside Burn's own container.
     pub fn gradient_elements_held(&self) -> usize {

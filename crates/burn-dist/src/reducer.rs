@@ -49,6 +49,10 @@ pub struct ReducerStats {
     pub backwards: u64,
     /// Times the layout was rebuilt from an observed ready order.
     pub layout_rebuilds: u64,
+    /// Reduced gradient elements that came back to this rank from its bucket reductions: a
+    /// whole bucket after an all-reduce, only this rank's own segment of it after ZeRO-2's
+    /// reduce-scatter (which is how a test sees that no rank receives another's shard).
+    pub reduced_elements_received: u64,
 }
 
 /// What the reducer tells a test observer.
@@ -281,6 +285,12 @@ impl Reducer {
             ));
         };
         Ok(GradientShard { values, used })
+    }
+
+    /// ZeRO-2: the last finished window's gradient shard, in place, before the optimizer takes
+    /// it (test-only fault injection, `crate::testing`).
+    pub(crate) fn finished_shard_mut(&mut self) -> Option<&mut [f32]> {
+        self.sharded.as_mut()?.finished_mut()
     }
 
     /// Gradient elements the reducer holds now: the bucket buffers and, under ZeRO-2, the
@@ -594,6 +604,7 @@ impl Reducer {
                 let HostBuffer::F32(reduced) = pending.wait()? else {
                     unreachable!("an f32 reduction returns f32")
                 };
+                self.stats.reduced_elements_received += reduced.len() as u64;
                 match (self.sharded.as_mut(), &mut self.store) {
                     (Some(sharded), _) => {
                         sharded.add_segment(b, &reduced, self.micro_batch == 0);
@@ -608,13 +619,17 @@ impl Reducer {
             #[cfg(feature = "cuda")]
             Some(InFlight::Device(pending)) => {
                 pending.wait()?;
-                if let (Some(sharded), Store::Device(device)) =
+                let bucket = &self.layout.buckets[b];
+                let received = if let (Some(sharded), Store::Device(device)) =
                     (self.sharded.as_mut(), &mut self.store)
                 {
-                    let bucket = &self.layout.buckets[b];
                     let segment = device.owned_segment(bucket, sharded.flat(), self.comm.rank())?;
                     sharded.add_segment(b, &segment, self.micro_batch == 0);
-                }
+                    segment.len()
+                } else {
+                    bucket.len
+                };
+                self.stats.reduced_elements_received += received as u64;
             }
             None => {}
         }

@@ -110,6 +110,12 @@ impl ShardedGradients {
         std::mem::take(&mut self.ready).then(|| std::mem::take(&mut self.shard))
     }
 
+    /// The finished window's shard, in place, before the optimizer takes it (test-only fault
+    /// injection, `crate::testing`).
+    pub(crate) fn finished_mut(&mut self) -> Option<&mut [f32]> {
+        self.ready.then_some(self.shard.as_mut_slice())
+    }
+
     /// Gradient elements held (the shard; empty once taken).
     pub(crate) fn held(&self) -> usize {
         self.shard.len()

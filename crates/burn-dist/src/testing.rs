@@ -223,3 +223,53 @@ pub fn train_ranks<B: burn::tensor::backend::AutodiffBackend>(
         .expect("training")
     })
 }
+
+/// Fault injection for the overflow tests: an overflow on this rank alone, created after the
+/// gradients were averaged over ranks, as if only this rank's own arithmetic had overflowed.
+/// Adds infinity to every gradient in `grads`, or, under ZeRO stage 2 (where `grads` is empty
+/// and the gradient is this rank's reduced shard), to the shard's first element. The average
+/// cannot spread it: only a cross-rank found-inf agreement can tell the other ranks. Panics
+/// when a stage-2 rank has no finished shard waiting.
+pub fn overflow_on_this_rank<B, M>(
+    ddp: &crate::Ddp,
+    grads: burn::optim::GradientsParams,
+    model: &M,
+) -> burn::optim::GradientsParams
+where
+    B: burn::tensor::backend::AutodiffBackend,
+    M: burn::module::AutodiffModule<B>,
+{
+    if ddp.with_reducer(|reducer| reducer.is_sharded()) {
+        ddp.with_reducer(|reducer| {
+            let shard = reducer
+                .finished_shard_mut()
+                .expect("a finished gradient shard to overflow: call it after `Ddp::backward`");
+            shard[0] += f32::INFINITY;
+        });
+        return grads;
+    }
+    let mut overflow = Overflow::<B> {
+        grads,
+        _b: std::marker::PhantomData,
+    };
+    model.visit(&mut overflow);
+    overflow.grads
+}
+
+/// Adds infinity to every gradient of a module.
+struct Overflow<B> {
+    grads: burn::optim::GradientsParams,
+    _b: std::marker::PhantomData<B>,
+}
+
+impl<B: burn::tensor::backend::AutodiffBackend> burn::module::ModuleVisitor<B> for Overflow<B> {
+    fn visit_float<const D: usize>(
+        &mut self,
+        param: &burn::module::Param<burn::tensor::Tensor<B, D>>,
+    ) {
+        if let Some(grad) = self.grads.remove::<B::InnerBackend, D>(param.id) {
+            self.grads
+                .register(param.id, grad.add_scalar(f32::INFINITY));
+        }
+    }
+}

@@ -157,20 +157,24 @@ fn collectives_are_issued_only_on_the_last_micro_batch() {
 
 #[test]
 fn bucket_layout_is_identical_everywhere_and_rebuilt_from_rank_0_after_step_1() {
-    let layouts = run_ranks(comms(3), |rank, comm| {
+    const WORLD: usize = 3;
+    let layouts = run_ranks(comms(WORLD), |rank, comm| {
         let mut ddp = Ddp::for_thread(comm, config());
-        let mut model = ddp.prepare(Mlp::<B>::new(&MLP, 7, &FlexDevice)).unwrap();
+        let branches: Vec<Mlp<B>> = (0..2).map(|i| Mlp::new(&MLP, 7 + i, &FlexDevice)).collect();
+        let mut model = ddp.prepare(branches).unwrap();
         let initial = ddp.layout();
         let order = Arc::new(Mutex::new(Vec::new()));
         let seen = order.clone();
         ddp.set_observer(move |_, ReducerEvent::Gradient { param, .. }| {
             seen.lock().unwrap().push(param)
         });
-        let x = rows(0, 0, [GLOBAL_BATCH, MLP[0]], shard(rank, 3));
-        let grads = ddp
-            .backward(model.forward(x).mean(), &model)
-            .unwrap()
-            .unwrap();
+        // Burn's backward visits the graph breadth first from the loss, left operand first, so
+        // the branches' gradients interleave in an order that depends on which branch is
+        // added first: rank 0 adds branch 0 first, the other ranks branch 1.
+        let x = || rows(0, 0, [GLOBAL_BATCH, MLP[0]], shard(rank, WORLD));
+        let [first, second] = if rank == 0 { [0, 1] } else { [1, 0] };
+        let out = model[first].forward(x()) + model[second].forward(x());
+        let grads = ddp.backward(out.mean(), &model).unwrap().unwrap();
         model = AdamConfig::new().init().step(LR, model, grads);
         let rebuilt = ddp.next_layout();
         let observed = order.lock().unwrap().clone();
@@ -180,14 +184,41 @@ fn bucket_layout_is_identical_everywhere_and_rebuilt_from_rank_0_after_step_1() 
     let numels: Vec<usize> = (0..MLP.len() - 1)
         .flat_map(|i| [MLP[i] * MLP[i + 1], MLP[i + 1]])
         .collect();
-    let rank0_order = burn_dist::bucket::complete_order(&layouts[0].2, numels.len());
-    let expected = burn_dist::bucket::Layout::build(&numels, &rank0_order, &config().buckets);
-    for (initial, rebuilt, _, rebuilds) in &layouts {
-        assert_eq!(initial, &layouts[0].0);
-        assert_eq!(rebuilt, &expected, "rebuilt from rank 0's observed order");
+    let numels = [numels.clone(), numels].concat();
+    let layout_of = |observed: &[usize]| {
+        let order = burn_dist::bucket::complete_order(observed, numels.len());
+        burn_dist::bucket::Layout::build(&numels, &order, &config().buckets)
+    };
+    let expected = layout_of(&layouts[0].2);
+    // The test means something only if the ranks' own orders lead to other layouts.
+    for (rank, (_, _, observed, _)) in layouts.iter().enumerate().skip(1) {
+        assert_ne!(
+            observed, &layouts[0].2,
+            "rank {rank} observed rank 0's order: the test cannot tell whose order was used"
+        );
+        assert_ne!(layout_of(observed), expected, "rank {rank}'s own layout");
+    }
+    for (rank, (initial, rebuilt, _, rebuilds)) in layouts.iter().enumerate() {
+        assert_eq!(initial, &layouts[0].0, "rank {rank}'s initial layout");
+        assert_eq!(
+            rebuilt, &expected,
+            "rank {rank}: rebuilt from rank 0's observed order"
+        );
         assert_eq!(*rebuilds, 1);
     }
     assert!(expected.buckets.len() >= 3);
+}
+
+/// What the observer saw in one backward: for each bucket that became complete in a hook that
+/// was not the last, whether it was launched by then and its reduction completed there.
+#[derive(Debug, Default)]
+struct Overlap {
+    /// (bucket, launched and reduced in that hook, gradients still to come after it).
+    early_buckets: Vec<(usize, bool, usize)>,
+    /// Gradient hooks seen, in order.
+    hooks: usize,
+    /// Whether every hook ran on the thread that called `backward`.
+    on_backward_thread: bool,
 }
 
 #[test]
@@ -195,27 +226,64 @@ fn first_bucket_is_reduced_before_the_last_gradient_hook_fires() {
     let overlapped = run_ranks(comms(2), |rank, comm| {
         let mut ddp = Ddp::for_thread(comm, config());
         let model = ddp.prepare(Mlp::<B>::new(&MLP, 7, &FlexDevice)).unwrap();
-        let result = Arc::new(Mutex::new(None));
-        let out = result.clone();
-        // Inside the last gradient hook, before backward has returned: was bucket 0 already
-        // launched, and does its reduction complete (the peer, also still in backward, serves it)?
+        let layout = ddp.layout();
+        let seen = Arc::new(Mutex::new(Overlap {
+            on_backward_thread: true,
+            ..Overlap::default()
+        }));
+        let out = seen.clone();
+        let backward_thread = std::thread::current().id();
+        let mut arrived = vec![false; layout.slot.len()];
+        let mut complete = vec![false; layout.buckets.len()];
+        // In each gradient hook, on the backward thread, while later gradients are still to
+        // come: a bucket whose gradients are all in must have been launched already, and its
+        // reduction must complete (the peer, also still in its backward, serves it).
         ddp.set_observer(move |reducer, event| {
-            if let ReducerEvent::Gradient { last: true, .. } = event {
-                *out.lock().unwrap() = Some(reducer.wait_bucket(0).unwrap());
+            let ReducerEvent::Gradient { param, last } = event;
+            let mut seen = out.lock().unwrap();
+            seen.hooks += 1;
+            seen.on_backward_thread &= std::thread::current().id() == backward_thread;
+            arrived[param] = true;
+            for (b, bucket) in layout.buckets.iter().enumerate() {
+                if complete[b] || !bucket.params.iter().all(|&p| arrived[p]) {
+                    continue;
+                }
+                complete[b] = true;
+                if !last {
+                    let reduced = reducer.wait_bucket(b).unwrap();
+                    let to_come = arrived.iter().filter(|&&a| !a).count();
+                    seen.early_buckets.push((b, reduced, to_come));
+                }
             }
         });
         let x = rows(0, 0, [GLOBAL_BATCH, MLP[0]], shard(rank, 2));
         ddp.backward(model.forward(x).mean(), &model).unwrap();
         let buckets = ddp.layout().buckets.len();
-        (result.lock().unwrap().take(), buckets)
+        let seen = std::mem::take(&mut *seen.lock().unwrap());
+        (seen, buckets)
     });
-    for (done, buckets) in overlapped {
-        assert!(buckets >= 3);
-        assert_eq!(
-            done,
-            Some(true),
-            "bucket 0 was not reduced while backward still ran"
+    for (rank, (seen, buckets)) in overlapped.into_iter().enumerate() {
+        assert!(buckets >= 3, "{buckets} buckets");
+        assert!(
+            seen.on_backward_thread,
+            "rank {rank}: a hook ran off the backward thread"
         );
+        assert_eq!(
+            seen.hooks,
+            2 * (MLP.len() - 1),
+            "rank {rank}: one hook per parameter"
+        );
+        // Bucket 0 holds the last layer, whose gradients come first: it is complete while the
+        // other layers' gradients are still to come.
+        let first = seen.early_buckets.first().map(|&(b, _, _)| b);
+        assert_eq!(first, Some(0), "rank {rank}: {seen:?}");
+        for &(b, reduced, to_come) in &seen.early_buckets {
+            assert!(
+                reduced,
+                "rank {rank}: bucket {b} was complete with {to_come} gradients still to come \
+                 but had not been launched: its reduction waits for a later hook"
+            );
+        }
     }
 }
 
@@ -387,6 +455,7 @@ fn dropout_is_reproducible_and_differs_across_ranks_and_steps() {
 #[test]
 fn grad_scaler_unscales_exactly_and_all_ranks_agree_on_overflow() {
     use burn_dist::GradScalerConfig;
+    use burn_dist::testing::overflow_on_this_rank;
     let results = run_ranks(comms(2), |rank, comm| {
         let mut ddp = Ddp::for_thread(comm, config());
         let model = ddp.prepare(Mlp::<B>::new(&MLP, 7, &FlexDevice)).unwrap();
@@ -417,23 +486,29 @@ fn grad_scaler_unscales_exactly_and_all_ranks_agree_on_overflow() {
                 .unwrap(),
         );
         let model = ddp.mark(model);
-        // Only rank 1 overflows; rank 0 must still learn about it.
-        let poisoned = if rank == 1 {
-            loss(&model).mul_scalar(f32::INFINITY)
-        } else {
-            loss(&model)
-        };
+        // Only rank 1 overflows, after the average (so the average cannot spread it): rank 0's
+        // gradients are finite, and it must still learn of the overflow from rank 1.
         let grads = ddp
-            .backward(scaler.scale_loss(poisoned), &model)
+            .backward(scaler.scale_loss(loss(&model)), &model)
             .unwrap()
             .unwrap();
+        let grads = if rank == 1 {
+            overflow_on_this_rank(&ddp, grads, &model)
+        } else {
+            grads
+        };
+        let finite_here = read(&grads).iter().all(|g| g.is_finite());
         let skipped = scaler
             .unscale(grads, &model, ddp.communicator())
             .unwrap()
             .is_none();
-        (plain == unscaled, skipped)
+        (plain == unscaled, finite_here, skipped)
     });
-    assert_eq!(results, [(true, true), (true, true)]);
+    assert_eq!(
+        results,
+        [(true, true, true), (true, false, true)],
+        "(unscaled exactly, finite on this rank, step skipped) per rank"
+    );
 }
 
 #[test]

@@ -1,13 +1,22 @@
 //! 1, 2 and 4 real processes (through `burn-dist-run`) training the tiny GPT on the same global
-//! batch follow the same loss curve, step by step, training and validation; so does 2 ranks
-//! with 2 accumulation micro-batches each. Burn's AdamW with this example's global clipping and
-//! ZeRO stage 2 follow ZeroAdam stage 1's curve; f16 and bf16 train.
+//! batch follow the same loss curve, step by step, training and validation, with the same
+//! gradient norms, and end with the same parameters; so does 2 ranks with 2 accumulation
+//! micro-batches each. Burn's AdamW with this example's global clipping and ZeRO stage 2 follow
+//! ZeroAdam stage 1 alike; f16 and bf16 train.
+//!
+//! Losses alone would hide a gradient summed instead of averaged: clipping and Adam's scale
+//! invariance make its updates nearly the same. The gradient norm shows it at once.
 
 use std::path::Path;
 use std::process::Command;
 
 use burn_dist_models::processes::{launcher, scratch_dir};
+use burn_dist_models::step::read_params;
 use gpt_pretrain::metrics::{self, StepRecord};
+
+mod common;
+
+use common::assert_same_model;
 
 /// Small enough for a debug build on 2 cores: 4 sequences of 16 tokens per step.
 const RUN: &[&str] = &[
@@ -30,9 +39,16 @@ const RUN: &[&str] = &[
     "--no-plot",
 ];
 
-fn launched(dir: &Path, world: usize, extra: &[&str]) -> Vec<StepRecord> {
+/// A run's metrics, step by step, and its final parameters.
+struct Run {
+    steps: Vec<StepRecord>,
+    params: Vec<Vec<f32>>,
+}
+
+fn launched(dir: &Path, world: usize, extra: &[&str]) -> Run {
     let name = format!("world{world}{}", extra.join(""));
     let metrics = dir.join(format!("{name}.jsonl"));
+    let params = dir.join(format!("{name}.bin"));
     let output = Command::new(launcher())
         .args([
             "--nproc-per-node",
@@ -48,6 +64,8 @@ fn launched(dir: &Path, world: usize, extra: &[&str]) -> Vec<StepRecord> {
         .arg(dir.join(&name))
         .arg("--metrics")
         .arg(&metrics)
+        .arg("--out")
+        .arg(&params)
         .env("BURN_DIST_TIMEOUT_SECS", "60")
         .output()
         .expect("running burn-dist-run");
@@ -58,13 +76,18 @@ fn launched(dir: &Path, world: usize, extra: &[&str]) -> Vec<StepRecord> {
         String::from_utf8_lossy(&output.stdout),
         String::from_utf8_lossy(&output.stderr)
     );
-    metrics::read(&metrics).unwrap()
+    Run {
+        steps: metrics::read(&metrics).unwrap(),
+        params: read_params(&params).unwrap(),
+    }
 }
 
-fn assert_same_curve(got: &[StepRecord], reference: &[StepRecord], what: &str) {
-    assert_eq!(got.len(), reference.len(), "{what}: steps");
+/// The same training, step by step (loss, validation loss, gradient norm to 1e-4), and the
+/// same parameters at the end (1e-5 per tensor; they agree to 1e-6; see `assert_same_model`).
+fn assert_same_run(got: &Run, reference: &Run, what: &str) {
+    assert_eq!(got.steps.len(), reference.steps.len(), "{what}: steps");
     let close = |a: f64, b: f64| (a - b).abs() <= 1e-4 * b.abs();
-    for (g, r) in got.iter().zip(reference) {
+    for (g, r) in got.steps.iter().zip(&reference.steps) {
         assert!(
             close(g.loss, r.loss),
             "{what}: step {} loss {} vs {} on 1 rank",
@@ -85,22 +108,39 @@ fn assert_same_curve(got: &[StepRecord], reference: &[StepRecord], what: &str) {
                 r.step
             ),
         }
+        let (Some(a), Some(b)) = (g.grad_norm, r.grad_norm) else {
+            panic!("{what}: step {} has no gradient norm", r.step);
+        };
+        assert!(
+            close(a, b),
+            "{what}: step {} gradient norm {a} vs {b}",
+            r.step
+        );
     }
+    assert_same_model(&got.params, &reference.params, 1e-5, what);
 }
 
 #[test]
 fn one_two_and_four_ranks_follow_the_same_loss_curve() {
     let dir = scratch_dir("gpt-equivalence");
     let reference = launched(&dir, 1, &[]);
-    assert_eq!(reference.len(), 5);
+    assert_eq!(reference.steps.len(), 5);
     assert!(
-        reference.iter().filter(|r| r.val_loss.is_some()).count() == 3,
+        reference
+            .steps
+            .iter()
+            .filter(|r| r.val_loss.is_some())
+            .count()
+            == 3,
         "steps 2, 4, 5"
     );
-    assert!(reference[4].loss < reference[0].loss, "it learns");
-    assert_same_curve(&launched(&dir, 2, &[]), &reference, "2 ranks");
-    assert_same_curve(&launched(&dir, 4, &[]), &reference, "4 ranks");
-    assert_same_curve(
+    assert!(
+        reference.steps[4].loss < reference.steps[0].loss,
+        "it learns"
+    );
+    assert_same_run(&launched(&dir, 2, &[]), &reference, "2 ranks");
+    assert_same_run(&launched(&dir, 4, &[]), &reference, "4 ranks");
+    assert_same_run(
         &launched(&dir, 2, &["--accumulation", "2"]),
         &reference,
         "2 ranks × 2 micro-batches",
@@ -116,16 +156,17 @@ fn adamw_and_zero_stage_2_follow_zero_stage_1_and_mixed_precision_trains() {
     let reference = launched(&dir, 2, &clip);
     assert!(
         reference
+            .steps
             .iter()
             .any(|r| r.grad_norm.is_some_and(|g| g > 0.5)),
         "clipping is active"
     );
     let adamw = launched(&dir, 2, &[&clip[..], &["--optimizer", "adamw"]].concat());
-    assert_same_curve(&adamw, &reference, "Burn's AdamW");
+    assert_same_run(&adamw, &reference, "Burn's AdamW");
     let stage2 = launched(&dir, 2, &[&clip[..], &["--zero-stage", "2"]].concat());
-    assert_same_curve(&stage2, &reference, "ZeRO stage 2");
+    assert_same_run(&stage2, &reference, "ZeRO stage 2");
     for precision in ["f16", "bf16"] {
-        let run = launched(&dir, 2, &["--precision", precision]);
+        let run = launched(&dir, 2, &["--precision", precision]).steps;
         let (first, last) = (run[0].loss, run[run.len() - 1].loss);
         assert!(
             last < first && last.is_finite(),

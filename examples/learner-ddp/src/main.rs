@@ -88,6 +88,8 @@ fn train(args: Args) -> Result<(), String> {
     } else {
         args.artifact_dir.join(format!("rank-{rank}"))
     };
+    // Each rank says where its Learner may write, so a test can check every rank's directory.
+    println!("learner directory: {}", artifact_dir.display());
 
     let model = ddp
         .prepare(Regressor::<B>::new(MODEL_SEED, &FlexDevice))

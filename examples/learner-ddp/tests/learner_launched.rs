@@ -2,7 +2,7 @@
 //! single-device `Learner` on its shard of the data, end with the parameters of the one-process
 //! custom loop on the concatenated batch; only rank 0 writes metrics, logs and checkpoints.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
 use std::time::Duration;
 
@@ -58,6 +58,21 @@ fn launch(artifacts: &Path, out: &Path) -> (ExitStatus, String) {
     (status, transcript.join("\n"))
 }
 
+/// Each rank's `learner directory: PATH` line, as (rank, path), in rank order.
+fn learner_directories(transcript: &str) -> Vec<(usize, PathBuf)> {
+    let mut dirs: Vec<(usize, PathBuf)> = transcript
+        .lines()
+        .filter_map(|line| {
+            let rest = line.strip_prefix("[rank ")?;
+            let (rank, rest) = rest.split_once("] ")?;
+            let dir = rest.strip_prefix("learner directory: ")?;
+            Some((rank.parse().ok()?, PathBuf::from(dir)))
+        })
+        .collect();
+    dirs.sort();
+    dirs
+}
+
 #[test]
 fn two_learner_processes_equal_the_custom_loop_and_only_rank_0_writes_artifacts() {
     let root = scratch_dir("launched");
@@ -91,11 +106,19 @@ fn two_learner_processes_equal_the_custom_loop_and_only_rank_0_writes_artifacts(
             "rank 0 did not write {file}"
         );
     }
-    // ...and rank 1, whose Learner was given `<artifact-dir>/rank-1`, wrote nothing there.
-    assert!(
-        !artifacts.join("rank-1").exists(),
-        "rank 1 wrote into {}",
-        artifacts.join("rank-1").display()
+    // ...and every other rank was given a directory of its own, which would show any write
+    // (a directory shared with rank 0 would hide them among rank 0's files), and wrote nothing
+    // there.
+    let dirs = learner_directories(&transcript);
+    assert_eq!(
+        dirs.iter().map(|(rank, _)| *rank).collect::<Vec<_>>(),
+        (0..WORLD).collect::<Vec<_>>(),
+        "every rank reports its Learner directory once:\n{transcript}"
     );
+    assert_eq!(dirs[0].1, artifacts, "rank 0's Learner directory");
+    for (rank, dir) in &dirs[1..] {
+        assert_ne!(dir, &artifacts, "rank {rank} shares rank 0's directory");
+        assert!(!dir.exists(), "rank {rank} wrote into {}", dir.display());
+    }
     std::fs::remove_dir_all(&root).ok();
 }

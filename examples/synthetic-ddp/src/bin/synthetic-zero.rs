@@ -2,6 +2,10 @@
 //! from the newest complete checkpoint in `--checkpoint-dir` if there is one (at any world
 //! size). Used by the crash tests; also the shortest complete example of the ZeRO stack.
 //!
+//! Rank 0 prints one line per step, `step S samples N loss BITS (LOSS)`: the step, the data
+//! position it trains at (samples consumed by all ranks before it) and its local loss, with the
+//! loss's f32 bits, so that a test can see exactly where a resumed run starts.
+//!
 //! ```text
 //! burn-dist-run --nproc-per-node 2 -- target/release/synthetic-zero --checkpoint-dir ckpt
 //! ```
@@ -10,6 +14,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use burn::backend::Autodiff;
+use burn::tensor::ElementConversion;
 use burn_dist::testing::{MLP_SIZES, Mlp, parameters, shard_rows, synthetic_rows};
 use burn_dist::{Ddp, DdpConfig, DistributedBackend};
 use burn_dist_zero::ZeroAdamConfig;
@@ -26,6 +31,16 @@ struct Args {
     steps: u64,
     #[arg(long, default_value_t = 12)]
     global_batch: usize,
+    /// Learning rate.
+    #[arg(long, default_value_t = 1e-2)]
+    lr: f64,
+    /// The first this many steps use `--early-lr` instead of `--lr` (a run that differs from
+    /// another only before a checkpoint, for the resume tests).
+    #[arg(long, default_value_t = 0)]
+    early_steps: u64,
+    /// Learning rate of the first `--early-steps` steps.
+    #[arg(long, default_value_t = 1e-2)]
+    early_lr: f64,
     #[arg(long)]
     checkpoint_dir: PathBuf,
     /// Save after every this many steps.
@@ -65,34 +80,51 @@ fn run(args: Args) -> Result<(), String> {
         .with_stage(args.zero_stage)
         .init::<B, _>(&ddp, &model)
         .map_err(|e| fail(&e))?;
-    let (mut model, start) = match checkpoint::latest(&args.checkpoint_dir).map_err(|e| fail(&e))? {
-        Some(dir) => {
-            let (model, state) =
-                checkpoint::load(&dir, &ddp, model, &mut zero).map_err(|e| fail(&e))?;
-            if rank == 0 {
-                println!("resumed from {} at step {}", dir.display(), state.step);
+    let (mut model, start, mut samples) =
+        match checkpoint::latest(&args.checkpoint_dir).map_err(|e| fail(&e))? {
+            Some(dir) => {
+                let (model, state) =
+                    checkpoint::load(&dir, &ddp, model, &mut zero).map_err(|e| fail(&e))?;
+                if rank == 0 {
+                    println!("resumed from {} at step {}", dir.display(), state.step);
+                }
+                (model, state.step, state.samples_consumed)
             }
-            (model, state.step)
-        }
-        None => (model, 0),
-    };
+            None => (model, 0, 0),
+        };
     let [input, .., output] = MLP_SIZES;
     let rows = shard_rows(args.global_batch, rank, world);
+    let batch_samples = args.global_batch as u64;
     for step in start..args.steps {
-        let s = step as usize;
-        let x = synthetic_rows::<B, 2>(0, s, [args.global_batch, input], rows.clone(), &FlexDevice);
+        // The data position comes from the samples consumed so far (a resumed run: the
+        // checkpoint's), one global batch per step.
+        let b = (samples / batch_samples) as usize;
+        let x = synthetic_rows::<B, 2>(0, b, [args.global_batch, input], rows.clone(), &FlexDevice);
         let y =
-            synthetic_rows::<B, 2>(1, s, [args.global_batch, output], rows.clone(), &FlexDevice);
+            synthetic_rows::<B, 2>(1, b, [args.global_batch, output], rows.clone(), &FlexDevice);
         let loss = (model.forward(x) - y).powi_scalar(2).mean();
+        if rank == 0 {
+            let value = loss.clone().into_scalar().elem::<f32>();
+            println!(
+                "step {step} samples {samples} loss {:08x} ({value})",
+                value.to_bits()
+            );
+        }
         let grads = ddp
             .backward(loss, &model)
             .map_err(|e| fail(&e))?
             .expect("no accumulation");
-        model = zero.step(1e-2, model, grads, &ddp).map_err(|e| fail(&e))?.0;
+        let lr = if step < args.early_steps {
+            args.early_lr
+        } else {
+            args.lr
+        };
+        model = zero.step(lr, model, grads, &ddp).map_err(|e| fail(&e))?.0;
+        samples += batch_samples;
         let done = step + 1;
         eprintln!("rank {rank}: step {done} done (pid {pid})");
         if done % args.checkpoint_every == 0 {
-            let state = TrainingState::new(done, done * args.global_batch as u64);
+            let state = TrainingState::new(done, samples);
             let dir = checkpoint::save(&args.checkpoint_dir, &ddp, &model, &zero, &state)
                 .map_err(|e| fail(&e))?;
             if rank == 0 {
