@@ -64,6 +64,9 @@ rm -rf "$root"
 mkdir -p "$root"
 tar -C "$root" -xf "$base"
 cp /etc/resolv.conf "$root/etc/resolv.conf"
+# The machine's trust store: where the network inspects TLS with its own authority, every
+# machine of that workplace, fresh ones included, trusts it; a bare Debian root does not.
+cp /etc/ssl/certs/ca-certificates.crt "$root/etc/ssl/certs/ca-certificates.crt"
 
 # The toolchain cargo uses here (cargo, rustc, rustfmt, clippy), without rustup.
 sysroot=$(rustc --print sysroot)
