@@ -4,8 +4,11 @@
 //! Each group names the files to mutate and the test targets that must catch their mutants
 //! (the package's unit tests plus the integration tests that prove the claim). A run works on a
 //! fresh clone of the committed HEAD (cargo-mutants edits sources in place there, never in the
-//! working tree) and builds in the usual target dir, so only the workspace's own crates are
-//! rebuilt per mutant. Results go to `<target>/mutants/<group>/mutants.out/` (caught.txt,
+//! working tree) and builds in a target dir of its own, `<target>/mutants/target`: cargo names
+//! a path crate's artifacts without its absolute path, so a clone sharing the usual target dir
+//! would overwrite the working tree's test binaries with mutated ones (seen 2026-12-01). The
+//! first run builds the dependencies once; later ones reuse them. Results go to
+//! `<target>/mutants/<group>/mutants.out/` (caught.txt,
 //! missed.txt, timeout.txt, unviable.txt); the counts are printed at the end and recorded by
 //! hand, dated, in docs/testing.md with the survivors triaged.
 
@@ -114,6 +117,7 @@ pub fn mutants(args: &[String]) -> Result<(), String> {
         let mut command = Command::new(env!("CARGO"));
         command
             .current_dir(&source)
+            .env("CARGO_TARGET_DIR", work.join("target"))
             .args([
                 "mutants",
                 "--in-place",

@@ -164,8 +164,11 @@ fn files_of_another_size_than_listed_are_refused() {
             .unwrap();
         file.set_len(new_size).unwrap();
         match verify_error(&dir) {
-            CheckpointError::WrongSize { path, found, .. } => {
+            CheckpointError::WrongSize {
+                path, found, what, ..
+            } => {
                 assert_eq!((path, found), (dir.join(SHARD_1), new_size));
+                assert_eq!(what, "rank 1's optimizer shard");
             }
             other => panic!("{new_size} bytes: {other}"),
         }
@@ -268,4 +271,27 @@ fn a_changed_value_in_the_manifest_is_refused_not_applied() {
             ..
         }
     ));
+}
+
+#[test]
+fn a_missing_manifest_means_incomplete_and_an_unreadable_one_an_io_error() {
+    let root = tempfile::tempdir().unwrap();
+    // A step directory whose save never reached the manifest.
+    let dir = checkpoint::step_dir(root.path(), 3);
+    std::fs::create_dir_all(&dir).unwrap();
+    assert!(matches!(
+        Manifest::read(&dir),
+        Err(CheckpointError::Incomplete { dir: d }) if d == dir
+    ));
+    // A "directory" that is a file: the manifest cannot be opened, which is not the same as
+    // an unfinished save, and must not be reported as one.
+    let file = root.path().join("not-a-directory");
+    std::fs::write(&file, b"x").unwrap();
+    match Manifest::read(&file) {
+        Err(CheckpointError::Io { path, source, .. }) => {
+            assert_eq!(path, file.join(MANIFEST));
+            assert_ne!(source.kind(), std::io::ErrorKind::NotFound);
+        }
+        other => panic!("expected an I/O error, got {other:?}"),
+    }
 }
