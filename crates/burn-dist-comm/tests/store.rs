@@ -151,7 +151,8 @@ fn trickled_hello_is_dropped_at_one_deadline() {
     let config = config().with_handshake_timeout(Duration::from_millis(300));
     let server = server_for(WORLD, &config);
     let mut raw = TcpStream::connect(server.local_addr()).unwrap();
-    raw.write_all(&100u32.to_le_bytes()).unwrap();
+    // The longest hello the store accepts: trickled whole, it would take 52 s.
+    raw.write_all(&(MAX_HELLO as u32).to_le_bytes()).unwrap();
     // The wait for the store's answer paces the trickle.
     raw.set_read_timeout(Some(Duration::from_millis(50)))
         .unwrap();

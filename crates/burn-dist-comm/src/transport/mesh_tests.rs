@@ -5,6 +5,7 @@ use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 use super::{CONTROL, DATA, MAGIC, accept_higher, dial, link, listen};
+use crate::env::MAX_TOKEN_BYTES;
 use crate::store::StoreClient;
 use crate::testing::{TEST_TOKEN, rank_data, reference_reduce, run_ranks, test_store};
 use crate::{CommConfig, Communicator, DType, HostCommunicator, ReduceOp};
@@ -96,7 +97,13 @@ fn trickled_mesh_hello_is_dropped_at_one_deadline() {
         trickler
             .set_read_timeout(Some(Duration::from_millis(50)))
             .unwrap();
-        let hello: Vec<u8> = MAGIC.iter().copied().chain([0; 64]).collect();
+        // The head of a hello from rank 1 announcing the longest token: 1039 bytes in all.
+        let mut hello = MAGIC.to_vec();
+        hello.extend_from_slice(&1u32.to_le_bytes());
+        hello.extend_from_slice(&2u32.to_le_bytes());
+        hello.push(DATA);
+        hello.extend_from_slice(&(MAX_TOKEN_BYTES as u16).to_le_bytes());
+        hello.resize(hello.len() + MAX_TOKEN_BYTES, b't');
         let started = Instant::now();
         let mut trickled = 0;
         for byte in &hello {
