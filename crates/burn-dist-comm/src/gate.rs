@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 /// Connections allowed to wait for their hello beyond those the job opens at once: room for a
 /// port scan or a health check, while a flood holds only a few dozen descriptors.
-pub(crate) const SPARE_PENDING: usize = 32;
+pub const SPARE_PENDING: usize = 32;
 
 /// The connections of one listener that have not presented a valid hello yet.
 pub(crate) struct Gate {

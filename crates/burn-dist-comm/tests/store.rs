@@ -6,15 +6,13 @@ use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 use burn_dist_comm::store::codec::{MAX_HELLO, Message, read_frame};
-use burn_dist_comm::store::{StoreClient, StoreServer};
+use burn_dist_comm::store::{SPARE_PENDING, StoreClient, StoreServer};
 use burn_dist_comm::testing::{join_ranks, rank_data, reference_reduce, run_ranks, test_store};
 use burn_dist_comm::{CommConfig, CommError, Communicator, DType, ReduceOp};
 
 const TOKEN: &str = "secret";
 /// Ranks of the job behind [`server`].
 const WORLD: usize = 4;
-/// Connections the store lets wait for their hello beyond the job's ranks (`gate.rs`).
-const SPARE_PENDING: usize = 32;
 
 fn config() -> CommConfig {
     CommConfig::default().with_timeout(Duration::from_millis(500))
