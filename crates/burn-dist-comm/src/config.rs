@@ -5,6 +5,14 @@ use std::time::Duration;
 /// How long any blocking wait may last before it fails with an error naming the peer.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10 * 60);
 
+/// The longest timeout accepted from the environment (30 days). Every deadline is an `Instant`
+/// plus a timeout (plus a little slack), and this keeps that sum far from overflowing.
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(30 * 24 * 3600);
+
+/// How long a new connection to the store or to a rank's mesh listener has to present its
+/// hello, all of its bytes together.
+pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Settings of a communicator and its rendezvous.
 #[derive(Debug, Clone)]
 pub struct CommConfig {
@@ -15,6 +23,9 @@ pub struct CommConfig {
     pub join_timeout: Duration,
     /// Largest frame the TCP store accepts; larger ones are refused before any allocation.
     pub max_store_frame: usize,
+    /// Bound on one connection's hello, to the store or to a rank's mesh listener, from accept
+    /// to the last byte: a peer that sends nothing, or one byte at a time, is dropped after it.
+    pub handshake_timeout: Duration,
     /// Whether ranks on one host carry their data through shared memory (Linux `/dev/shm`)
     /// instead of loopback TCP. A pair uses it only if both ranks allow it; the environment
     /// variable `BURN_DIST_SHM=0` turns it off for [`init`](crate::init).
@@ -27,6 +38,7 @@ impl Default for CommConfig {
             timeout: DEFAULT_TIMEOUT,
             join_timeout: DEFAULT_TIMEOUT,
             max_store_frame: 16 << 20,
+            handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
             shared_memory: true,
         }
     }
@@ -43,6 +55,12 @@ impl CommConfig {
     /// The same settings with shared memory between same-host ranks allowed or not.
     pub fn with_shared_memory(mut self, allowed: bool) -> Self {
         self.shared_memory = allowed;
+        self
+    }
+
+    /// The same settings with another bound on each connection's hello.
+    pub fn with_handshake_timeout(mut self, timeout: Duration) -> Self {
+        self.handshake_timeout = timeout;
         self
     }
 

@@ -1,9 +1,10 @@
 //! Where this process sits in the job: read from torchrun-style variables (what `burn-dist-run`
 //! sets) or, failing that, from Slurm's.
 
+use std::net::{SocketAddr, ToSocketAddrs};
 use std::time::Duration;
 
-use crate::{CommError, Result};
+use crate::{CommError, MAX_TIMEOUT, Result};
 
 /// Variable holding the job token that every peer must present.
 pub const TOKEN_VAR: &str = "BURN_DIST_TOKEN";
@@ -14,6 +15,35 @@ pub const SHM_VAR: &str = "BURN_DIST_SHM";
 /// Port used under Slurm when MASTER_PORT is not set: this base plus the job id modulo 10000,
 /// so that two jobs sharing a node do not collide.
 pub const SLURM_PORT_BASE: u16 = 20000;
+/// The longest job token accepted: hellos stay small, so that the store and the mesh can read
+/// them whole before they know who is talking.
+pub const MAX_TOKEN_BYTES: usize = 1024;
+/// The most ranks a job may have. Every rank keeps two TCP connections to every other, so far
+/// below this the file-descriptor limit of a real machine is reached; above it, a mistyped
+/// WORLD_SIZE would only allocate per-rank tables before failing.
+pub const MAX_WORLD_SIZE: usize = 1 << 16;
+
+/// The variables a place in the job was read from, to name them in errors.
+struct Names {
+    rank: &'static str,
+    world_size: &'static str,
+    local_rank: &'static str,
+    local_world_size: &'static str,
+}
+
+const TORCHRUN_NAMES: Names = Names {
+    rank: "RANK",
+    world_size: "WORLD_SIZE",
+    local_rank: "LOCAL_RANK",
+    local_world_size: "LOCAL_WORLD_SIZE",
+};
+
+const SLURM_NAMES: Names = Names {
+    rank: "SLURM_PROCID",
+    world_size: "SLURM_NTASKS",
+    local_rank: "SLURM_LOCALID",
+    local_world_size: "SLURM_NTASKS_PER_NODE",
+};
 
 /// This process's place in the job.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -41,8 +71,8 @@ impl RankInfo {
 
     /// Reads variables through `get`, so that tests need not touch the process environment.
     pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> Result<Self> {
-        let info = if get("RANK").is_some() {
-            RankInfo {
+        let (info, names) = if get("RANK").is_some() {
+            let info = RankInfo {
                 rank: number(&get, "RANK")?,
                 world_size: number(&get, "WORLD_SIZE")?,
                 local_rank: optional_number(&get, "LOCAL_RANK")?.unwrap_or(0),
@@ -52,9 +82,10 @@ impl RankInfo {
                 token: String::new(),
                 timeout: None,
                 shared_memory: None,
-            }
+            };
+            (info, TORCHRUN_NAMES)
         } else if get("SLURM_PROCID").is_some() {
-            from_slurm(&get)?
+            (from_slurm(&get)?, SLURM_NAMES)
         } else {
             return Err(CommError::Env {
                 var: "RANK".into(),
@@ -64,7 +95,9 @@ impl RankInfo {
             });
         };
         let token = get(TOKEN_VAR).unwrap_or_default();
-        let timeout = optional_number(&get, TIMEOUT_VAR)?.map(|s| Duration::from_secs(s as u64));
+        let timeout = optional_number(&get, TIMEOUT_VAR)?
+            .map(timeout_of)
+            .transpose()?;
         let shared_memory = match get(SHM_VAR).as_deref().map(str::trim) {
             None => None,
             Some("1") => Some(true),
@@ -82,41 +115,65 @@ impl RankInfo {
             shared_memory,
             ..info
         }
-        .validated()
+        .validated(&names)
     }
 
-    fn validated(self) -> Result<Self> {
+    fn validated(self, names: &Names) -> Result<Self> {
         let bad = |var: &str, problem: String| {
             Err(CommError::Env {
                 var: var.into(),
                 problem,
             })
         };
+        let Names {
+            rank,
+            world_size,
+            local_rank,
+            local_world_size,
+        } = names;
         if self.world_size == 0 {
-            return bad("WORLD_SIZE", "must be at least 1".into());
+            return bad(world_size, "must be at least 1".into());
+        }
+        if self.world_size > MAX_WORLD_SIZE {
+            let problem = format!(
+                "{} is more than {MAX_WORLD_SIZE}, the most ranks a job can have (each rank \
+                 keeps two connections to every other)",
+                self.world_size
+            );
+            return bad(world_size, problem);
         }
         if self.rank >= self.world_size {
             return bad(
-                "RANK",
-                format!("{} is not below WORLD_SIZE={}", self.rank, self.world_size),
+                rank,
+                format!(
+                    "{} is not below {world_size}={}",
+                    self.rank, self.world_size
+                ),
             );
         }
         if self.local_world_size == 0 || self.local_world_size > self.world_size {
             let problem = format!(
-                "{} must be in 1..=WORLD_SIZE={}",
+                "{} must be in 1..={world_size}={}",
                 self.local_world_size, self.world_size
             );
-            return bad("LOCAL_WORLD_SIZE", problem);
+            return bad(local_world_size, problem);
         }
         if self.local_rank >= self.local_world_size {
             let problem = format!(
-                "{} is not below LOCAL_WORLD_SIZE={}",
+                "{} is not below {local_world_size}={}",
                 self.local_rank, self.local_world_size
             );
-            return bad("LOCAL_RANK", problem);
+            return bad(local_rank, problem);
         }
         if self.master_addr.is_empty() {
             return bad("MASTER_ADDR", "is empty".into());
+        }
+        if self.token.len() > MAX_TOKEN_BYTES {
+            let problem = format!(
+                "is {} bytes long, more than the {MAX_TOKEN_BYTES} a job token may have",
+                self.token.len()
+            );
+            return bad(TOKEN_VAR, problem);
         }
         Ok(self)
     }
@@ -155,6 +212,39 @@ fn from_slurm(get: &impl Fn(&str) -> Option<String>) -> Result<RankInfo> {
         timeout: None,
         shared_memory: None,
     })
+}
+
+/// The address of the store: `host` (a name or an IP address) resolved, with `port`.
+pub fn resolve_master(host: &str, port: u16) -> Result<SocketAddr> {
+    let unresolvable = |problem: String| CommError::Env {
+        var: "MASTER_ADDR".into(),
+        problem,
+    };
+    let mut addrs = (host, port)
+        .to_socket_addrs()
+        .map_err(|e| unresolvable(format!("cannot resolve {host:?}: {e}")))?;
+    addrs
+        .next()
+        .ok_or_else(|| unresolvable(format!("{host:?} resolves to no address")))
+}
+
+/// A timeout of `secs` seconds from [`TIMEOUT_VAR`], refused where no wait could work: 0 fails
+/// every wait at once, and beyond [`MAX_TIMEOUT`] a deadline would overflow `Instant`.
+fn timeout_of(secs: usize) -> Result<Duration> {
+    let bad = |problem: String| CommError::Env {
+        var: TIMEOUT_VAR.into(),
+        problem,
+    };
+    let most = MAX_TIMEOUT.as_secs();
+    match secs as u64 {
+        0 => Err(bad(
+            "0 would fail every wait at once: give the seconds a wait may last, at least 1".into(),
+        )),
+        secs if secs > most => Err(bad(format!(
+            "{secs} s is longer than the {most} s (30 days) a wait may last"
+        ))),
+        secs => Ok(Duration::from_secs(secs)),
+    }
 }
 
 /// The first host of a Slurm node list such as `gpu[07-09,12],login1` (here `gpu07`).
@@ -339,5 +429,60 @@ mod tests {
         assert_eq!(first_host("n[3]").as_deref(), Some("n3"));
         assert_eq!(first_host(""), None);
         assert_eq!(first_host("n[").as_deref(), None);
+    }
+
+    #[test]
+    fn timeout_of_zero_is_refused_naming_the_variable() {
+        let err = read(&[TORCHRUN.as_slice(), &[(TIMEOUT_VAR, "0")]].concat()).unwrap_err();
+        assert!(
+            matches!(&err, CommError::Env { var, .. } if var == TIMEOUT_VAR),
+            "{err}"
+        );
+        assert!(err.to_string().contains("at least 1"), "{err}");
+    }
+
+    #[test]
+    fn timeout_too_large_for_an_instant_is_refused_naming_the_variable() {
+        let huge = u64::MAX.to_string();
+        let err = read(&[TORCHRUN.as_slice(), &[(TIMEOUT_VAR, huge.as_str())]].concat())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with(TIMEOUT_VAR) && err.contains("longer than the 2592000 s"),
+            "{err}"
+        );
+        let most = MAX_TIMEOUT.as_secs().to_string();
+        let info = read(&[TORCHRUN.as_slice(), &[(TIMEOUT_VAR, most.as_str())]].concat());
+        assert_eq!(info.unwrap().timeout, Some(MAX_TIMEOUT));
+    }
+
+    #[test]
+    fn huge_world_size_is_refused_naming_the_variable() {
+        let mut vars = TORCHRUN.to_vec();
+        vars[1] = ("WORLD_SIZE", "4000000000");
+        let err = read(&vars).unwrap_err().to_string();
+        assert!(
+            err.starts_with("WORLD_SIZE: 4000000000 is more than 65536"),
+            "{err}"
+        );
+        let slurm = read(&[
+            ("SLURM_PROCID", "0"),
+            ("SLURM_NTASKS", "100000"),
+            ("SLURM_JOB_NODELIST", "gpu07"),
+        ]);
+        let err = slurm.unwrap_err().to_string();
+        assert!(err.starts_with("SLURM_NTASKS: 100000 is more"), "{err}");
+    }
+
+    #[test]
+    fn token_longer_than_a_hello_allows_is_refused() {
+        let long = "t".repeat(MAX_TOKEN_BYTES + 1);
+        let err = read(&[TORCHRUN.as_slice(), &[(TOKEN_VAR, long.as_str())]].concat())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with(TOKEN_VAR) && err.contains("1025 bytes"),
+            "{err}"
+        );
     }
 }

@@ -57,6 +57,28 @@ pub enum CommError {
     #[error("rejected connection from {from}: {reason}")]
     Handshake { from: String, reason: String },
 
+    /// The job has no token (`BURN_DIST_TOKEN` empty or unset) while its store listens on an
+    /// address other machines can reach: anyone who found the port could join it.
+    #[error(
+        "BURN_DIST_TOKEN is not set, and the store at {addr} is reachable from other machines: \
+         set the same secret on every rank, e.g. `export BURN_DIST_TOKEN=$(openssl rand -hex 16)` \
+         before `srun` (which passes the environment on to every task), or run the job on \
+         loopback"
+    )]
+    TokenRequired { addr: String },
+
+    /// Two processes joined the job as the same rank: RANK given twice, or two nodes given the
+    /// same `--node-rank`. The job cannot form.
+    #[error(
+        "rank {rank} joined the job twice (first from {first}, again from {second}): give every \
+         process its own RANK, and every node its own --node-rank"
+    )]
+    DuplicateRank {
+        rank: usize,
+        first: String,
+        second: String,
+    },
+
     /// An operating-system error with what we were doing at the time.
     #[error("{context}: {message}")]
     Io { context: String, message: String },

@@ -1,10 +1,9 @@
 //! Joining a job: read the environment, meet at the store, connect the mesh.
 
-use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::Arc;
 
 use crate::communicator::HostCommunicator;
-use crate::env::{RankInfo, TOKEN_VAR};
+use crate::env::{RankInfo, TOKEN_VAR, resolve_master};
 use crate::store::{StoreClient, StoreServer};
 use crate::transport::mesh;
 use crate::{CommConfig, CommError, Result};
@@ -37,12 +36,24 @@ impl Group {
     /// Joins the job `info` describes: rank 0 hosts the store at MASTER_ADDR:MASTER_PORT,
     /// every rank connects to it, and the ranks connect to each other.
     pub fn join(info: RankInfo, config: &CommConfig) -> Result<Group> {
+        let addr = resolve_master(&info.master_addr, info.master_port)?;
         if info.token.is_empty() {
-            tracing::warn!("{TOKEN_VAR} is not set: any process that reaches the store may join");
+            // Off loopback the store and every mesh listener face the network: a job token is
+            // the only thing that keeps strangers out.
+            if !addr.ip().is_loopback() {
+                return Err(CommError::TokenRequired {
+                    addr: addr.to_string(),
+                });
+            }
+            tracing::warn!("{TOKEN_VAR} is not set: any process on this host may join the job");
         }
-        let addr = resolve(&info.master_addr, info.master_port)?;
         let server = match info.rank {
-            0 => Some(StoreServer::bind(addr, &info.token, config)?),
+            0 => Some(StoreServer::bind(
+                addr,
+                &info.token,
+                info.world_size,
+                config,
+            )?),
             _ => None,
         };
         let store = StoreClient::connect(addr, &info.token, info.rank, config)?;
@@ -63,7 +74,9 @@ impl Group {
 }
 
 /// Connects `rank` of `world` to its peers, finding them through `store`: over TCP, or through
-/// shared memory for peers on the same host (see [`CommConfig::shared_memory`]).
+/// shared memory for peers on the same host (see [`CommConfig::shared_memory`]). Waits first
+/// until every rank has joined the store, so that a rank given to two processes fails every
+/// rank here, naming it ([`CommError::DuplicateRank`]), before any link is made.
 pub fn connect(
     rank: usize,
     world: usize,
@@ -71,19 +84,55 @@ pub fn connect(
     token: &str,
     config: &CommConfig,
 ) -> Result<HostCommunicator> {
+    store.wait_for_every_rank()?;
     let transport = mesh::connect(rank, world, store, token, config)?;
     HostCommunicator::new(Box::new(transport))
 }
 
-fn resolve(host: &str, port: u16) -> Result<SocketAddr> {
-    let unresolvable = |problem: String| CommError::Env {
-        var: "MASTER_ADDR".into(),
-        problem,
-    };
-    let mut addrs = (host, port)
-        .to_socket_addrs()
-        .map_err(|e| unresolvable(format!("cannot resolve {host:?}: {e}")))?;
-    addrs
-        .next()
-        .ok_or_else(|| unresolvable(format!("{host:?} resolves to no address")))
+#[cfg(test)]
+mod tests {
+    use std::net::TcpListener;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::Communicator;
+
+    fn rank0_of_one(master_addr: &str, master_port: u16, token: &str) -> RankInfo {
+        RankInfo {
+            rank: 0,
+            world_size: 1,
+            local_rank: 0,
+            local_world_size: 1,
+            master_addr: master_addr.into(),
+            master_port,
+            token: token.into(),
+            timeout: None,
+            shared_memory: None,
+        }
+    }
+
+    /// Refused before anything is bound or sent: 192.0.2.1 (TEST-NET-1) is never contacted.
+    #[test]
+    fn empty_token_off_loopback_is_refused() {
+        let config = CommConfig::default();
+        let err = Group::join(rank0_of_one("192.0.2.1", 29500, ""), &config)
+            .err()
+            .expect("joined without a token off loopback");
+        assert!(
+            matches!(&err, CommError::TokenRequired { addr } if addr == "192.0.2.1:29500"),
+            "{err}"
+        );
+        assert!(err.to_string().contains("export BURN_DIST_TOKEN="), "{err}");
+    }
+
+    #[test]
+    fn empty_token_on_loopback_still_joins() {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .unwrap()
+            .port();
+        let config = CommConfig::default().with_timeout(Duration::from_secs(30));
+        let group = Group::join(rank0_of_one("127.0.0.1", port, ""), &config).unwrap();
+        assert_eq!(group.comm.world_size(), 1);
+    }
 }

@@ -21,6 +21,7 @@ mod communicator;
 mod config;
 pub mod env;
 mod error;
+mod gate;
 mod init;
 // The NCCL communicator (feature `cuda`); its call plans are also unit-tested without it.
 #[cfg(any(test, feature = "cuda"))]
@@ -34,7 +35,7 @@ mod wire;
 
 pub use buffer::{DType, HostBuffer, ReduceOp};
 pub use communicator::{Communicator, HostCommunicator, Pending};
-pub use config::{CommConfig, DEFAULT_TIMEOUT};
+pub use config::{CommConfig, DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_TIMEOUT, MAX_TIMEOUT};
 pub use env::RankInfo;
 pub use error::{CommError, Result};
 pub use init::{Group, connect, init};

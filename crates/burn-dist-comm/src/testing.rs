@@ -94,23 +94,35 @@ pub fn run_ranks<T: Send>(
     })
 }
 
+/// The job token of the groups built here.
+pub const TEST_TOKEN: &str = "mesh-group-test-token";
+
 /// A group of `world` ranks in this process with the same store and mesh set-up as separate
 /// processes use: loopback TCP, or shared memory where `config` allows it (the default).
 /// Joining gets at least 30 s whatever `config` says, so that short collective timeouts in
 /// tests do not make the set-up flaky on a loaded machine.
 pub fn mesh_group(world: usize, config: &CommConfig) -> (StoreServer, Vec<HostCommunicator>) {
-    const TOKEN: &str = "mesh-group-test-token";
+    let server = test_store(world, config);
+    let comms = join_ranks(server.local_addr(), world, config);
+    (server, comms)
+}
+
+/// A store on a free loopback port for a job of `world` ranks, with [`TEST_TOKEN`].
+pub fn test_store(world: usize, config: &CommConfig) -> StoreServer {
+    let any_port: SocketAddr = "127.0.0.1:0".parse().expect("an address");
+    StoreServer::bind(any_port, TEST_TOKEN, world, config).expect("binding a loopback store")
+}
+
+/// Joins ranks `0..world`, one thread each, through the store at `store` (see [`mesh_group`]).
+pub fn join_ranks(store: SocketAddr, world: usize, config: &CommConfig) -> Vec<HostCommunicator> {
     let join_timeout = config.join_timeout.max(std::time::Duration::from_secs(30));
     let config = &config.clone().with_join_timeout(join_timeout);
-    let any_port: SocketAddr = "127.0.0.1:0".parse().expect("an address");
-    let server = StoreServer::bind(any_port, TOKEN, config).expect("binding a loopback store");
-    let addr = server.local_addr();
-    let comms = std::thread::scope(|scope| {
+    std::thread::scope(|scope| {
         let joins: Vec<_> = (0..world)
             .map(|rank| {
                 scope.spawn(move || {
-                    let store = StoreClient::connect(addr, TOKEN, rank, config)?;
-                    crate::connect(rank, world, &store, TOKEN, config)
+                    let client = StoreClient::connect(store, TEST_TOKEN, rank, config)?;
+                    crate::connect(rank, world, &client, TEST_TOKEN, config)
                 })
             })
             .collect();
@@ -118,8 +130,7 @@ pub fn mesh_group(world: usize, config: &CommConfig) -> (StoreServer, Vec<HostCo
             .into_iter()
             .map(|j| j.join().expect("join thread").expect("joining the mesh"))
             .collect()
-    });
-    (server, comms)
+    })
 }
 
 /// A [`mesh_group`] whose every pair must be linked by `link` (`Tcp` or `SharedMemory`; shared

@@ -11,7 +11,7 @@ use burn_dist_comm::store::{StoreClient, StoreServer};
 use burn_dist_comm::{CommConfig, CommError, NcclCommunicator};
 
 fn store(config: &CommConfig) -> (StoreServer, StoreClient) {
-    let server = StoreServer::bind("127.0.0.1:0".parse().unwrap(), "token", config).unwrap();
+    let server = StoreServer::bind("127.0.0.1:0".parse().unwrap(), "token", 1, config).unwrap();
     let client = StoreClient::connect(server.local_addr(), "token", 0, config).unwrap();
     (server, client)
 }

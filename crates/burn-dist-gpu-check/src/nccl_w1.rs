@@ -26,7 +26,7 @@ const DTYPES: [DType; 4] = [DType::F32, DType::F16, DType::BF16, DType::U8];
 pub fn run(report: &mut Report, options: &Options) {
     let config = CommConfig::default().with_timeout(Duration::from_secs(60));
     let any_port = "127.0.0.1:0".parse().expect("a socket address");
-    let joined = StoreServer::bind(any_port, TOKEN, &config).and_then(|server| {
+    let joined = StoreServer::bind(any_port, TOKEN, 1, &config).and_then(|server| {
         let store = StoreClient::connect(server.local_addr(), TOKEN, 0, &config)?;
         Ok((server, store))
     });

@@ -23,6 +23,27 @@ pub enum LaunchError {
     PortZeroMultiNode { nnodes: u32 },
 
     #[error(
+        "--master-addr {addr} is a loopback address ({ip}), which the other nodes cannot reach: \
+         with --nnodes {nnodes} pass an address of node 0 that every node reaches"
+    )]
+    LoopbackMasterMultiNode {
+        addr: String,
+        ip: std::net::IpAddr,
+        nnodes: u32,
+    },
+
+    #[error(
+        "--nnodes {nnodes} × --nproc-per-node {nproc_per_node} makes {world} ranks, more than \
+         the {max} a job can have"
+    )]
+    WorldTooLarge {
+        nnodes: u32,
+        nproc_per_node: u32,
+        world: u64,
+        max: usize,
+    },
+
+    #[error(
         "no command to run: pass it after `--`, e.g. `burn-dist-run --nproc-per-node 2 -- python train.py`"
     )]
     MissingCommand,
@@ -64,6 +85,8 @@ impl LaunchError {
             | LaunchError::NoNodes
             | LaunchError::NodeRankOutOfRange { .. }
             | LaunchError::PortZeroMultiNode { .. }
+            | LaunchError::LoopbackMasterMultiNode { .. }
+            | LaunchError::WorldTooLarge { .. }
             | LaunchError::MissingCommand
             | LaunchError::MissingToken { .. }
             | LaunchError::EmptyToken => 2,

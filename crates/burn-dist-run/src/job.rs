@@ -5,6 +5,8 @@ use std::ffi::OsString;
 use std::net::TcpListener;
 use std::time::Duration;
 
+use burn_dist_comm::env::{MAX_WORLD_SIZE, resolve_master};
+
 use crate::cli::Args;
 use crate::error::LaunchError;
 
@@ -82,8 +84,29 @@ fn validate(args: &Args) -> Result<(), LaunchError> {
             nnodes: args.nnodes,
         });
     }
+    let world = u64::from(args.nnodes) * u64::from(args.nproc_per_node);
+    if world > MAX_WORLD_SIZE as u64 {
+        return Err(LaunchError::WorldTooLarge {
+            nnodes: args.nnodes,
+            nproc_per_node: args.nproc_per_node,
+            world,
+            max: MAX_WORLD_SIZE,
+        });
+    }
     if args.master_port == 0 && args.nnodes > 1 {
         return Err(LaunchError::PortZeroMultiNode {
+            nnodes: args.nnodes,
+        });
+    }
+    // A name is resolved as the ranks will resolve it: `$(hostname)` maps to 127.0.1.1 on many
+    // distributions. A name that does not resolve is left for the ranks to report.
+    if args.nnodes > 1
+        && let Ok(master) = resolve_master(&args.master_addr, args.master_port)
+        && master.ip().is_loopback()
+    {
+        return Err(LaunchError::LoopbackMasterMultiNode {
+            addr: args.master_addr.clone(),
+            ip: master.ip(),
             nnodes: args.nnodes,
         });
     }
@@ -140,9 +163,14 @@ mod tests {
         value.to_str().unwrap().to_owned()
     }
 
+    /// A master address for multi-node jobs in these tests: TEST-NET-1, never contacted.
+    const REMOTE_MASTER: &str = "192.0.2.1";
+
     #[test]
     fn ranks_of_the_second_node_follow_the_first_nodes() {
         let cli = [
+            "--master-addr",
+            REMOTE_MASTER,
             "--nnodes",
             "2",
             "--node-rank",
@@ -172,7 +200,8 @@ mod tests {
 
     #[test]
     fn multi_node_without_token_is_refused() {
-        let err = Job::from_args(args(&["--nnodes", "2", "--", "x"]), None).unwrap_err();
+        let cli = ["--master-addr", REMOTE_MASTER, "--nnodes", "2", "--", "x"];
+        let err = Job::from_args(args(&cli), None).unwrap_err();
         assert!(matches!(err, LaunchError::MissingToken { nnodes: 2 }));
         assert!(
             err.to_string()
@@ -206,5 +235,47 @@ mod tests {
     fn port_zero_becomes_a_real_port() {
         let job = Job::from_args(args(&["--master-port", "0", "--", "x"]), None).unwrap();
         assert_ne!(job.master_port, 0);
+    }
+
+    #[test]
+    fn several_nodes_with_a_loopback_master_are_refused_naming_the_flag() {
+        for addr in ["127.0.0.1", "127.0.1.1", "::1", "localhost"] {
+            let cli = ["--master-addr", addr, "--nnodes", "2", "--", "x"];
+            let err = Job::from_args(args(&cli), Some("t".into())).unwrap_err();
+            assert!(
+                matches!(&err, LaunchError::LoopbackMasterMultiNode { nnodes: 2, .. }),
+                "{addr}: {err}"
+            );
+            assert!(
+                err.to_string()
+                    .starts_with(&format!("--master-addr {addr} is a loopback"))
+            );
+            assert_eq!(err.exit_code(), 2);
+        }
+        // One node on loopback is the default and stays fine.
+        Job::from_args(args(&["--nproc-per-node", "2", "--", "x"]), None).unwrap();
+    }
+
+    #[test]
+    fn too_many_ranks_are_refused_naming_the_flags() {
+        let cli = [
+            "--master-addr",
+            REMOTE_MASTER,
+            "--nnodes",
+            "1000",
+            "--nproc-per-node",
+            "100",
+        ];
+        let cli = [cli.as_slice(), &["--", "x"]].concat();
+        let err = Job::from_args(args(&cli), Some("t".into())).unwrap_err();
+        assert!(
+            matches!(err, LaunchError::WorldTooLarge { world: 100_000, .. }),
+            "{err}"
+        );
+        assert!(
+            err.to_string()
+                .contains("--nnodes 1000 × --nproc-per-node 100"),
+            "{err}"
+        );
     }
 }

@@ -7,6 +7,10 @@ use std::os::unix::process::ExitStatusExt;
 
 use support::{DescendantProbe, Launch, within};
 
+/// A master address for multi-node launches: TEST-NET-1, never contacted (the ranks here are
+/// shell scripts), and not loopback, which several nodes cannot share.
+const REMOTE_MASTER: &str = "192.0.2.1";
+
 /// `burn-dist-run OPTIONS... -- sh -c SCRIPT`.
 fn sh<'a>(options: &[&'a str], script: &'a str) -> Vec<&'a str> {
     let mut args = options.to_vec();
@@ -70,7 +74,16 @@ fn env_is_set_for_every_rank() {
 
 #[test]
 fn second_node_runs_the_ranks_after_the_first_nodes() {
-    let options = ["--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "2"];
+    let options = [
+        "--master-addr",
+        REMOTE_MASTER,
+        "--nnodes",
+        "2",
+        "--node-rank",
+        "1",
+        "--nproc-per-node",
+        "2",
+    ];
     let script = "echo $RANK $WORLD_SIZE $LOCAL_RANK $GROUP_RANK $BURN_DIST_TOKEN";
     let mut launch = Launch::spawn(&sh(&options, script), &[("BURN_DIST_TOKEN", "tok-123")]);
     let status = launch.wait_exit(within(30));
@@ -85,7 +98,16 @@ fn second_node_runs_the_ranks_after_the_first_nodes() {
 
 #[test]
 fn multi_node_without_token_is_refused() {
-    let options = ["--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "2"];
+    let options = [
+        "--master-addr",
+        REMOTE_MASTER,
+        "--nnodes",
+        "2",
+        "--node-rank",
+        "1",
+        "--nproc-per-node",
+        "2",
+    ];
     let mut launch = Launch::spawn(&sh(&options, "echo started"), &[]);
     let status = launch.wait_exit(within(10));
     assert_eq!(status.code(), Some(2), "{}", launch.transcript());
@@ -229,10 +251,14 @@ fn ranks_ignoring_sigterm_are_killed_after_the_grace_period() {
 
 #[test]
 fn bad_input_is_refused_with_a_clear_message() {
-    let cases: [(&[&str], &str); 6] = [
+    let cases: [(&[&str], &str); 7] = [
         (
             &["--nnodes", "2", "--node-rank", "2", "--", "true"],
             "--node-rank 2 is out of range",
+        ),
+        (
+            &["--nnodes", "2", "--node-rank", "1", "--", "true"],
+            "--master-addr 127.0.0.1 is a loopback address",
         ),
         (&["--nproc-per-node", "2"], "no command to run"),
         (&[], "no command to run"),

@@ -186,7 +186,7 @@ fn peer_with_a_wrong_job_token_is_rejected() {
     let named = first
         .stderr()
         .iter()
-        .any(|l| l.contains("ranks 1") && l.contains("did not connect to rank 0 within 5 s"));
+        .any(|l| l.contains("waiting for every rank to join: rank 1 did not join within 5 s"));
     assert!(named, "{}", first.transcript());
 }
 
@@ -228,6 +228,50 @@ fn master_port_in_use_is_a_clear_error() {
     ]);
     assert!(
         err.contains("cannot bind") && err.contains("Address already in use"),
+        "{err}"
+    );
+}
+
+/// RANK=1 given to two processes of a job of 3 (rank 2 never comes): all three fail at join
+/// within seconds, each naming rank 1, instead of waiting out the 60 s timeout.
+#[test]
+fn rank_given_twice_fails_every_rank_at_join_naming_it() {
+    let port = free_port();
+    let common = [
+        ("WORLD_SIZE", "3"),
+        ("MASTER_ADDR", "127.0.0.1"),
+        ("MASTER_PORT", &port),
+        ("BURN_DIST_TOKEN", "job"),
+        ("BURN_DIST_TIMEOUT_SECS", "60"),
+    ];
+    let mut ranks: Vec<Launch> = ["0", "1", "1"]
+        .into_iter()
+        .map(|rank| rank_by_hand(&[&common[..], &[("RANK", rank)]].concat()))
+        .collect();
+    for rank in &mut ranks {
+        let status = rank.wait_exit(within(30));
+        assert!(!status.success(), "{}", rank.transcript());
+        let named = rank
+            .stderr()
+            .iter()
+            .any(|l| l.contains("rank 1 joined the job twice"));
+        assert!(named, "{}", rank.transcript());
+    }
+}
+
+/// Torchrun-style variables (as under Slurm) with the store on a non-loopback address and no
+/// token: refused before anything listens. 192.0.2.1 (TEST-NET-1) is never contacted.
+#[test]
+fn empty_token_off_loopback_is_refused() {
+    let err = fails_fast(&[
+        ("RANK", "0"),
+        ("WORLD_SIZE", "2"),
+        ("MASTER_ADDR", "192.0.2.1"),
+        ("MASTER_PORT", "29500"),
+    ]);
+    assert!(
+        err.contains("BURN_DIST_TOKEN is not set, and the store at 192.0.2.1:29500 is reachable")
+            && err.contains("export BURN_DIST_TOKEN="),
         "{err}"
     );
 }

@@ -22,8 +22,11 @@ pub struct StoreClient {
 }
 
 impl StoreClient {
-    /// Connects to the store at `addr` and presents `token`. Retries while nothing listens
-    /// yet (rank 0 may start last), up to `config.timeout`.
+    /// Connects to the store at `addr` and presents `token` as `rank`. Retries, up to
+    /// `config.join_timeout`, while nothing listens yet (rank 0 may start last) and while the
+    /// connection is dropped before the store answers (a flood of other connections may have
+    /// pushed it out of the store's gate). A refusal is final, and so is a store that stops
+    /// listening after it was reached: rank 0 has failed.
     pub fn connect(
         addr: SocketAddr,
         token: &str,
@@ -32,34 +35,58 @@ impl StoreClient {
     ) -> Result<Self> {
         let deadline = Instant::now() + config.join_timeout;
         let mut backoff = Duration::from_millis(10);
-        let stream = loop {
+        // Why the store last dropped this rank's connection, once it has.
+        let mut dropped: Option<String> = None;
+        loop {
             let left = deadline.saturating_duration_since(Instant::now());
-            match TcpStream::connect_timeout(&addr, left.max(Duration::from_millis(1))) {
-                Ok(stream) => break stream,
-                Err(e) if Instant::now() + backoff < deadline => {
-                    tracing::debug!(%addr, "store not reachable yet: {e}");
-                    std::thread::sleep(backoff);
-                    backoff = (backoff * 2).min(Duration::from_millis(500));
-                }
-                Err(e) => {
-                    return Err(store_error(
-                        addr,
-                        format!(
-                            "not reachable within {} s ({e}): is rank 0 running, and are \
-                             MASTER_ADDR and MASTER_PORT the same on every rank?",
-                            config.join_timeout.as_secs_f32()
+            let (failure, detail) =
+                match TcpStream::connect_timeout(&addr, left.max(Duration::from_millis(1))) {
+                    Ok(stream) => match Self::present(stream, addr, token, rank, config)? {
+                        Ok(client) => return Ok(client),
+                        Err(e) => (
+                            "dropped every connection before answering",
+                            dropped.insert(e).clone(),
                         ),
-                    ));
-                }
+                    },
+                    Err(e) if dropped.is_some() => {
+                        let reason = format!(
+                            "dropped rank {rank}'s connection before answering ({}), then \
+                             stopped listening ({e}): did rank 0 fail?",
+                            dropped.unwrap_or_default()
+                        );
+                        return Err(store_error(addr, reason));
+                    }
+                    Err(e) => ("not reachable", e.to_string()),
+                };
+            if Instant::now() + backoff >= deadline {
+                return Err(store_error(
+                    addr,
+                    format!(
+                        "{failure} within {} s ({detail}): is rank 0 running, and are \
+                         MASTER_ADDR and MASTER_PORT the same on every rank?",
+                        config.join_timeout.as_secs_f32()
+                    ),
+                ));
             }
+            tracing::debug!(%addr, "store {failure} ({detail}); retrying");
+            std::thread::sleep(backoff);
+            backoff = (backoff * 2).min(Duration::from_millis(500));
+        }
+    }
+
+    /// Sends the hello on a fresh connection. The inner `Err` is a connection lost before any
+    /// answer, worth retrying; the outer one a refusal.
+    fn present(
+        stream: TcpStream,
+        addr: SocketAddr,
+        token: &str,
+        rank: usize,
+        config: &CommConfig,
+    ) -> Result<std::result::Result<Self, String>> {
+        let local_ip = match stream.set_nodelay(true).and_then(|()| stream.local_addr()) {
+            Ok(local) => local.ip(),
+            Err(e) => return Ok(Err(e.to_string())),
         };
-        stream
-            .set_nodelay(true)
-            .map_err(|e| CommError::io("store set_nodelay", e))?;
-        let local_ip = stream
-            .local_addr()
-            .map_err(|e| CommError::io("store local_addr", e))?
-            .ip();
         let client = StoreClient {
             addr,
             local_ip,
@@ -71,12 +98,11 @@ impl StoreClient {
             token: token.as_bytes().to_vec(),
             rank: rank as u64,
         };
-        match client.request(hello, Duration::ZERO)? {
-            Message::Ok => Ok(client),
-            other => Err(store_error(
-                addr,
-                format!("refused to let rank {rank} join: {}", reason(other)),
-            )),
+        match client.exchange(hello, Duration::ZERO) {
+            Err(FrameError::Io(e)) => Ok(Err(e.to_string())),
+            Err(e) => Err(store_error(addr, format!("bad reply: {e}"))),
+            Ok(Message::Ok) => Ok(Ok(client)),
+            Ok(other) => Err(client.refused(format!("refused to let rank {rank} join"), other)),
         }
     }
 
@@ -91,6 +117,20 @@ impl StoreClient {
         self.addr
     }
 
+    /// Waits until every rank of the job has joined the store, up to the configured timeout.
+    /// Fails with [`CommError::DuplicateRank`] if a rank joined twice meanwhile, and names the
+    /// ranks still missing when the time runs out.
+    pub fn wait_for_every_rank(&self) -> Result<()> {
+        let wait = Message::WaitJoined {
+            wait_ms: self.wait_ms(),
+        };
+        match self.request(wait, self.timeout)? {
+            Message::Ok => Ok(()),
+            other => Err(self.refused("waiting for every rank to join".into(), other)),
+        }
+    }
+
+    /// Sets `key` to `value`, waking every rank waiting for it.
     pub fn set(&self, key: &str, value: &[u8]) -> Result<()> {
         let set = Message::Set {
             key: key.into(),
@@ -98,23 +138,17 @@ impl StoreClient {
         };
         match self.request(set, Duration::ZERO)? {
             Message::Ok => Ok(()),
-            other => Err(store_error(
-                self.addr,
-                format!("set {key:?}: {}", reason(other)),
-            )),
+            other => Err(self.refused(format!("set {key:?}"), other)),
         }
     }
 
     /// The value of `key`, waiting for it up to the configured timeout.
     pub fn get(&self, key: &str) -> Result<Vec<u8>> {
-        let wait_ms = self.timeout.as_millis().min(u64::MAX as u128) as u64;
-        match self.request(
-            Message::Get {
-                key: key.into(),
-                wait_ms,
-            },
-            self.timeout,
-        )? {
+        let get = Message::Get {
+            key: key.into(),
+            wait_ms: self.wait_ms(),
+        };
+        match self.request(get, self.timeout)? {
             Message::Value { value } => Ok(value),
             Message::NotFound => Err(store_error(
                 self.addr,
@@ -123,10 +157,7 @@ impl StoreClient {
                     self.timeout.as_secs_f32()
                 ),
             )),
-            other => Err(store_error(
-                self.addr,
-                format!("get {key:?}: {}", reason(other)),
-            )),
+            other => Err(self.refused(format!("get {key:?}"), other)),
         }
     }
 
@@ -140,24 +171,52 @@ impl StoreClient {
             Duration::ZERO,
         )? {
             Message::Counter { value } => Ok(value),
-            other => Err(store_error(
-                self.addr,
-                format!("add {key:?}: {}", reason(other)),
-            )),
+            other => Err(self.refused(format!("add {key:?}"), other)),
         }
     }
 
+    /// The configured timeout as the store's wait field.
+    fn wait_ms(&self) -> u64 {
+        self.timeout.as_millis().min(u64::MAX as u128) as u64
+    }
+
     fn request(&self, message: Message, server_wait: Duration) -> Result<Message> {
-        let mut stream = self.stream.lock().expect("store client poisoned");
-        let io = |e| store_error(self.addr, format!("connection lost: {e}"));
-        stream
-            .set_read_timeout(Some(server_wait + REPLY_SLACK))
-            .map_err(io)?;
-        stream.write_all(&encode_frame(&message)).map_err(io)?;
-        read_frame(&mut *stream, self.max_frame).map_err(|e| match e {
+        self.exchange(message, server_wait).map_err(|e| match e {
             FrameError::Io(e) if closed(&e) => store_error(self.addr, STORE_CLOSED.into()),
-            e => store_error(self.addr, format!("bad reply: {e}")),
+            e => store_error(self.addr, format!("connection lost or bad reply: {e}")),
         })
+    }
+
+    /// Sends `message` and reads the reply, allowing `server_wait` for the store to answer.
+    fn exchange(&self, message: Message, server_wait: Duration) -> Result<Message, FrameError> {
+        let mut stream = self.stream.lock().expect("store client poisoned");
+        stream.set_read_timeout(Some(server_wait.saturating_add(REPLY_SLACK)))?;
+        stream.write_all(&encode_frame(&message))?;
+        read_frame(&mut *stream, self.max_frame)
+    }
+
+    /// The error for an answer other than the one `doing` expected.
+    fn refused(&self, doing: String, answer: Message) -> CommError {
+        match answer {
+            Message::DuplicateRank {
+                rank,
+                first,
+                second,
+            } => CommError::DuplicateRank {
+                rank: rank as usize,
+                first,
+                second,
+            },
+            Message::Error { reason } => store_error(self.addr, format!("{doing}: {reason}")),
+            other => store_error(self.addr, format!("{doing}: unexpected reply {other:?}")),
+        }
+    }
+}
+
+fn store_error(addr: SocketAddr, reason: String) -> CommError {
+    CommError::Store {
+        addr: addr.to_string(),
+        reason,
     }
 }
 
@@ -173,18 +232,4 @@ fn closed(e: &std::io::Error) -> bool {
         e.kind(),
         UnexpectedEof | ConnectionReset | ConnectionAborted | BrokenPipe
     )
-}
-
-fn reason(message: Message) -> String {
-    match message {
-        Message::Error { reason } => reason,
-        other => format!("unexpected reply {other:?}"),
-    }
-}
-
-fn store_error(addr: SocketAddr, reason: String) -> CommError {
-    CommError::Store {
-        addr: addr.to_string(),
-        reason,
-    }
 }

@@ -19,6 +19,9 @@ pub enum Message {
     Get { key: String, wait_ms: u64 },
     /// Adds `delta` to the counter `key` (missing = 0) and returns the new value.
     Add { key: String, delta: i64 },
+    /// Waits up to `wait_ms` until every rank of the job has joined the store; answered with
+    /// `Ok`, `DuplicateRank`, or an `Error` naming the ranks still missing.
+    WaitJoined { wait_ms: u64 },
     /// Success without a value.
     Ok,
     /// A value that was asked for.
@@ -29,7 +32,19 @@ pub enum Message {
     NotFound,
     /// The request was refused; the text says why.
     Error { reason: String },
+    /// Two connections presented the same rank, first from `first` and again from `second`:
+    /// the answer to the second, and, while the job is still forming, to every request after.
+    DuplicateRank {
+        rank: u64,
+        first: String,
+        second: String,
+    },
 }
+
+/// The largest hello the store reads: tag, token length, a token of up to
+/// [`MAX_TOKEN_BYTES`](crate::env::MAX_TOKEN_BYTES) and the rank. Anything longer is refused
+/// before the token is checked.
+pub const MAX_HELLO: usize = 1 + 4 + crate::env::MAX_TOKEN_BYTES + 8;
 
 /// Why a frame could not be decoded.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -55,6 +70,8 @@ const VALUE: u8 = 11;
 const COUNTER: u8 = 12;
 const NOT_FOUND: u8 = 13;
 const ERROR: u8 = 14;
+const WAIT_JOINED: u8 = 5;
+const DUPLICATE_RANK: u8 = 15;
 
 /// Encodes `message` as a frame body (without the length prefix).
 pub fn encode(message: &Message) -> Vec<u8> {
@@ -84,6 +101,10 @@ pub fn encode(message: &Message) -> Vec<u8> {
             bytes(&mut out, key.as_bytes());
             out.extend_from_slice(&delta.to_le_bytes());
         }
+        Message::WaitJoined { wait_ms } => {
+            out.push(WAIT_JOINED);
+            out.extend_from_slice(&wait_ms.to_le_bytes());
+        }
         Message::Ok => out.push(OK),
         Message::Value { value } => {
             out.push(VALUE);
@@ -97,6 +118,16 @@ pub fn encode(message: &Message) -> Vec<u8> {
         Message::Error { reason } => {
             out.push(ERROR);
             bytes(&mut out, reason.as_bytes());
+        }
+        Message::DuplicateRank {
+            rank,
+            first,
+            second,
+        } => {
+            out.push(DUPLICATE_RANK);
+            out.extend_from_slice(&rank.to_le_bytes());
+            bytes(&mut out, first.as_bytes());
+            bytes(&mut out, second.as_bytes());
         }
     }
     out
@@ -131,6 +162,7 @@ pub fn decode(body: &[u8]) -> Result<Message, DecodeError> {
             key: r.string()?,
             delta: r.u64()? as i64,
         },
+        WAIT_JOINED => Message::WaitJoined { wait_ms: r.u64()? },
         OK => Message::Ok,
         VALUE => Message::Value {
             value: r.bytes()?.to_vec(),
@@ -141,6 +173,11 @@ pub fn decode(body: &[u8]) -> Result<Message, DecodeError> {
         NOT_FOUND => Message::NotFound,
         ERROR => Message::Error {
             reason: r.string()?,
+        },
+        DUPLICATE_RANK => Message::DuplicateRank {
+            rank: r.u64()?,
+            first: r.string()?,
+            second: r.string()?,
         },
         other => return Err(DecodeError::UnknownTag(other)),
     };
@@ -225,11 +262,19 @@ mod tests {
             (".{0,16}", bytes.clone()).prop_map(|(key, value)| Message::Set { key, value }),
             (".{0,16}", any::<u64>()).prop_map(|(key, wait_ms)| Message::Get { key, wait_ms }),
             (".{0,16}", any::<i64>()).prop_map(|(key, delta)| Message::Add { key, delta }),
+            any::<u64>().prop_map(|wait_ms| Message::WaitJoined { wait_ms }),
             Just(Message::Ok),
             bytes.prop_map(|value| Message::Value { value }),
             any::<i64>().prop_map(|value| Message::Counter { value }),
             Just(Message::NotFound),
             ".{0,32}".prop_map(|reason| Message::Error { reason }),
+            (any::<u64>(), ".{0,24}", ".{0,24}").prop_map(|(rank, first, second)| {
+                Message::DuplicateRank {
+                    rank,
+                    first,
+                    second,
+                }
+            }),
         ]
     }
 

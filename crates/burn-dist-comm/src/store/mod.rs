@@ -7,6 +7,10 @@ mod server;
 pub use client::StoreClient;
 pub use server::StoreServer;
 
+/// Connections the store (and each rank's mesh listener) lets wait for their hello beyond
+/// those the job itself opens at once; a newer one pushes out the longest waiter.
+pub use crate::gate::SPARE_PENDING;
+
 /// Compares job tokens in time independent of where they differ.
 pub(crate) fn tokens_match(presented: &[u8], expected: &[u8]) -> bool {
     presented.len() == expected.len()

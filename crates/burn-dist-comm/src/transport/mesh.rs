@@ -2,14 +2,19 @@
 //! its address there, connects to every lower rank and accepts every higher one, two
 //! connections per pair (data and control). Each connection opens with a hello that carries the
 //! job token; a connection with a wrong token or an impossible rank is refused and does not
-//! count, so a stray process cannot take a rank's place.
+//! count, so a stray process cannot take a rank's place. Connections wait for their hello at a
+//! [`Gate`], each read on its own thread within one deadline, so silent or trickling intruders
+//! neither delay the peers that connect after them nor hold many descriptors.
 
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use super::link::DataLink;
 use super::process::{PeerLink, ProcessTransport};
+use crate::env::MAX_TOKEN_BYTES;
+use crate::gate::{AcceptBackoff, BeforeDeadline, Gate, SPARE_PENDING, Ticket};
 use crate::store::{StoreClient, tokens_match};
 use crate::{CommConfig, CommError, Result};
 
@@ -18,8 +23,8 @@ const DATA: u8 = 0;
 const CONTROL: u8 = 1;
 const ACCEPTED: u8 = 0;
 const REFUSED: u8 = 1;
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-const MAX_TOKEN: usize = 1024;
+/// How often the accepting rank looks for new connections while it waits for hellos.
+const ACCEPT_POLL: Duration = Duration::from_millis(2);
 
 fn addr_key(rank: usize) -> String {
     format!("burn-dist/mesh/addr/{rank}")
@@ -33,6 +38,12 @@ pub(crate) fn connect(
     token: &str,
     config: &CommConfig,
 ) -> Result<ProcessTransport> {
+    let listener = listen(rank, store)?;
+    link(&listener, rank, world, store, token, config)
+}
+
+/// Listens on the interface that reaches the store and publishes the address there.
+fn listen(rank: usize, store: &StoreClient) -> Result<TcpListener> {
     let ip = store.local_ip();
     let listener =
         TcpListener::bind((ip, 0)).map_err(|e| CommError::io(format!("listening on {ip}"), e))?;
@@ -40,25 +51,30 @@ pub(crate) fn connect(
         .local_addr()
         .map_err(|e| CommError::io("mesh local_addr", e))?;
     store.set(&addr_key(rank), addr.to_string().as_bytes())?;
+    Ok(listener)
+}
 
+/// Dials every lower rank, accepts every higher one on `listener`, and links same-host peers
+/// through shared memory where both sides can.
+fn link(
+    listener: &TcpListener,
+    rank: usize,
+    world: usize,
+    store: &StoreClient,
+    token: &str,
+    config: &CommConfig,
+) -> Result<ProcessTransport> {
     let mut links: Vec<Option<PeerLink>> = (0..world).map(|_| None).collect();
     for (peer, link) in links.iter_mut().enumerate().take(rank) {
         let peer_addr = peer_address(store, peer)?;
-        let data = dial(peer_addr, peer, rank, world, token, DATA)?;
-        let control = dial(peer_addr, peer, rank, world, token, CONTROL)?;
+        let data = dial(peer_addr, peer, rank, world, token, DATA, config)?;
+        let control = dial(peer_addr, peer, rank, world, token, CONTROL, config)?;
         *link = Some(PeerLink {
             data: DataLink::Tcp(data),
             control,
         });
     }
-    accept_higher(
-        &listener,
-        rank,
-        world,
-        token,
-        config.join_timeout,
-        &mut links,
-    )?;
+    accept_higher(listener, rank, world, token, config, &mut links)?;
     #[cfg(target_os = "linux")]
     for (peer, shm) in super::shm::link_same_host_peers(rank, world, store, config)?
         .into_iter()
@@ -99,26 +115,26 @@ fn dial(
     world: usize,
     token: &str,
     kind: u8,
+    config: &CommConfig,
 ) -> Result<TcpStream> {
     let fail = |e: io::Error| CommError::io(format!("connecting to rank {peer} at {addr}"), e);
-    let mut stream = TcpStream::connect_timeout(&addr, HANDSHAKE_TIMEOUT).map_err(fail)?;
-    stream
-        .set_read_timeout(Some(HANDSHAKE_TIMEOUT))
-        .map_err(fail)?;
+    let deadline = Instant::now() + config.handshake_timeout;
+    let stream = TcpStream::connect_timeout(&addr, config.handshake_timeout).map_err(fail)?;
     let mut hello = MAGIC.to_vec();
     hello.extend_from_slice(&(rank as u32).to_le_bytes());
     hello.extend_from_slice(&(world as u32).to_le_bytes());
     hello.push(kind);
     hello.extend_from_slice(&(token.len() as u16).to_le_bytes());
     hello.extend_from_slice(token.as_bytes());
-    stream.write_all(&hello).map_err(fail)?;
+    (&stream).write_all(&hello).map_err(fail)?;
+    let mut answer = BeforeDeadline::new(&stream, deadline);
     let mut status = [0u8; 3];
-    stream.read_exact(&mut status).map_err(fail)?;
+    answer.read_exact(&mut status).map_err(fail)?;
     if status[0] == ACCEPTED {
         return Ok(stream);
     }
     let mut reason = vec![0u8; u16::from_le_bytes([status[1], status[2]]) as usize];
-    stream.read_exact(&mut reason).map_err(fail)?;
+    answer.read_exact(&mut reason).map_err(fail)?;
     Err(CommError::Handshake {
         from: format!("rank {peer} at {addr}"),
         reason: format!(
@@ -128,53 +144,95 @@ fn dial(
     })
 }
 
+/// Closes every connection still waiting at the gate, however the accepting loop ends.
+struct CloseOnDrop<'a>(&'a Gate);
+
+impl Drop for CloseOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.close_all();
+    }
+}
+
+/// A connection's verified hello: who is on the other end and which link it is.
+struct Hello {
+    peer: usize,
+    kind: u8,
+    stream: TcpStream,
+}
+
 /// Accepts the data and control connections of every rank above `rank`, refusing impostors,
-/// until all are in or the timeout runs out.
+/// until all are in or the join timeout runs out. Each hello is read on its own thread, so a
+/// connection that never finishes its hello holds up nobody.
 fn accept_higher(
     listener: &TcpListener,
     rank: usize,
     world: usize,
     token: &str,
-    timeout: Duration,
+    config: &CommConfig,
     links: &mut [Option<PeerLink>],
 ) -> Result<()> {
     let mut pending: Vec<[Option<TcpStream>; 2]> = (0..world).map(|_| [None, None]).collect();
-    let mut missing = 2 * (world - 1 - rank);
-    let deadline = Instant::now() + timeout;
+    let expected = 2 * (world - 1 - rank);
+    let mut missing = expected;
+    let deadline = Instant::now() + config.join_timeout;
     listener
         .set_nonblocking(true)
         .map_err(|e| CommError::io("mesh listener", e))?;
-    while missing > 0 {
-        let (stream, from) = match listener.accept() {
-            Ok(accepted) => accepted,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                if Instant::now() >= deadline {
-                    let absent: Vec<String> = (rank + 1..world)
-                        .filter(|&q| pending[q].iter().any(Option::is_none))
-                        .map(|q| q.to_string())
-                        .collect();
-                    return Err(CommError::Handshake {
-                        from: format!("ranks {}", absent.join(", ")),
-                        reason: format!(
-                            "they did not connect to rank {rank} within {} s",
-                            timeout.as_secs_f32()
-                        ),
-                    });
+    // Every higher rank may connect at once; a few more may wait, never many.
+    let gate = Gate::new(expected + SPARE_PENDING, config.handshake_timeout);
+    let (judged, verdicts) = mpsc::channel();
+    let mut backoff = AcceptBackoff::default();
+    std::thread::scope(|scope| {
+        // Whatever still waits for its hello when this ends is not needed: end those threads'
+        // reads, which the scope waits for.
+        let _close = CloseOnDrop(&gate);
+        while missing > 0 {
+            match listener.accept() {
+                Ok((stream, from)) => {
+                    backoff.succeeded();
+                    if let Some(ticket) = gate.admit(&stream) {
+                        let judged = judged.clone();
+                        scope.spawn(move || {
+                            let verdict = read_hello(stream, &ticket, rank, world, token);
+                            // An evicted connection is already shut down: drop it unanswered.
+                            if ticket.release() {
+                                _ = judged.send((from, verdict.and_then(welcome)));
+                            }
+                        });
+                    }
+                    continue;
                 }
-                std::thread::sleep(Duration::from_millis(2));
-                continue;
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => backoff.failed("mesh", &e),
             }
-            Err(e) => return Err(CommError::io("accepting peers", e)),
-        };
-        match read_hello(stream, rank, world, token) {
-            Ok((peer, kind, stream)) if pending[peer][kind as usize].is_none() => {
-                pending[peer][kind as usize] = Some(stream);
-                missing -= 1;
+            while let Ok((from, verdict)) = verdicts.recv_timeout(ACCEPT_POLL) {
+                match verdict {
+                    Ok(Hello { peer, kind, stream }) if pending[peer][kind as usize].is_none() => {
+                        pending[peer][kind as usize] = Some(stream);
+                        missing -= 1;
+                    }
+                    Ok(Hello { peer, .. }) => {
+                        tracing::warn!(rank, %from, peer, "refused a duplicate connection")
+                    }
+                    Err(reason) => tracing::warn!(rank, %from, "refused a connection: {reason}"),
+                }
             }
-            Ok((peer, _, _)) => tracing::warn!(rank, %from, peer, "refused a duplicate connection"),
-            Err(reason) => tracing::warn!(rank, %from, "refused a connection: {reason}"),
+            if missing > 0 && Instant::now() >= deadline {
+                let absent: Vec<String> = (rank + 1..world)
+                    .filter(|&q| pending[q].iter().any(Option::is_none))
+                    .map(|q| q.to_string())
+                    .collect();
+                return Err(CommError::Handshake {
+                    from: format!("ranks {}", absent.join(", ")),
+                    reason: format!(
+                        "they did not connect to rank {rank} within {} s",
+                        config.join_timeout.as_secs_f32()
+                    ),
+                });
+            }
         }
-    }
+        Ok(())
+    })?;
     for (peer, [data, control]) in pending.into_iter().enumerate().skip(rank + 1) {
         let (data, control) = (data.expect("all data links in"), control.expect("all in"));
         links[peer] = Some(PeerLink {
@@ -185,31 +243,39 @@ fn accept_higher(
     Ok(())
 }
 
-/// Reads and checks a peer's hello; answers it either way.
+/// Tells a peer whose hello passed that its connection counts.
+fn welcome(hello: Hello) -> std::result::Result<Hello, String> {
+    (&hello.stream)
+        .write_all(&[ACCEPTED, 0, 0])
+        .map_err(|e| e.to_string())?;
+    Ok(hello)
+}
+
+/// Reads and checks a peer's hello within its ticket's deadline; answers a refusal (see
+/// [`welcome`] for the other answer).
 fn read_hello(
-    mut stream: TcpStream,
+    stream: TcpStream,
+    ticket: &Ticket,
     rank: usize,
     world: usize,
     token: &str,
-) -> std::result::Result<(usize, u8, TcpStream), String> {
+) -> std::result::Result<Hello, String> {
     let io = |e: io::Error| e.to_string();
     stream.set_nonblocking(false).map_err(io)?;
-    stream
-        .set_read_timeout(Some(HANDSHAKE_TIMEOUT))
-        .map_err(io)?;
+    let mut hello = ticket.reader(&stream);
     let mut head = [0u8; 15];
-    stream.read_exact(&mut head).map_err(io)?;
+    hello.read_exact(&mut head).map_err(io)?;
     let u32_at =
         |i: usize| u32::from_le_bytes(head[i..i + 4].try_into().expect("4 bytes")) as usize;
     let (peer, peer_world, kind) = (u32_at(4), u32_at(8), head[12]);
     let token_len = u16::from_le_bytes([head[13], head[14]]) as usize;
     let verdict = if &head[..4] != MAGIC {
         Err("not a burn-dist peer".to_string())
-    } else if token_len > MAX_TOKEN {
+    } else if token_len > MAX_TOKEN_BYTES {
         Err(format!("token of {token_len} bytes is too long"))
     } else {
         let mut presented = vec![0u8; token_len];
-        stream.read_exact(&mut presented).map_err(io)?;
+        hello.read_exact(&mut presented).map_err(io)?;
         if !tokens_match(&presented, token.as_bytes()) {
             Err("wrong job token: BURN_DIST_TOKEN must be the same on every rank".into())
         } else if peer_world != world {
@@ -225,16 +291,17 @@ fn read_hello(
         }
     };
     match verdict {
-        Ok(()) => {
-            stream.write_all(&[ACCEPTED, 0, 0]).map_err(io)?;
-            Ok((peer, kind, stream))
-        }
+        Ok(()) => Ok(Hello { peer, kind, stream }),
         Err(reason) => {
             let mut reply = vec![REFUSED];
             reply.extend_from_slice(&(reason.len() as u16).to_le_bytes());
             reply.extend_from_slice(reason.as_bytes());
-            _ = stream.write_all(&reply);
+            _ = (&stream).write_all(&reply);
             Err(reason)
         }
     }
 }
+
+#[cfg(test)]
+#[path = "mesh_tests.rs"]
+mod tests;
