@@ -134,7 +134,7 @@ impl Supervisor {
                 self.ranks[index].status = Some(status);
                 // Ranks ending after the launcher was signalled were stopped by it, not failing.
                 if !status.success() && self.first_failure.is_none() && self.signal.is_none() {
-                    self.first_failure = Some(index);
+                    self.first_failure = Some(self.likeliest_first_failure(index));
                 }
                 None
             }
@@ -147,6 +147,33 @@ impl Supervisor {
                 Some(signal)
             }
         }
+    }
+
+    /// The rank to name as the one that failed first, when `reported` is the first failure
+    /// event. Events arrive in the order the watcher threads ran, not the order the ranks died:
+    /// a rank killed by a signal and a peer that exited with an error after seeing it die can
+    /// arrive either way round on a loaded machine. A rank already dead by a signal when the
+    /// first failure arrives is the likelier cause (its peer's error is usually about it), so
+    /// it is named; otherwise `reported`.
+    fn likeliest_first_failure(&mut self, reported: usize) -> usize {
+        use std::os::unix::process::ExitStatusExt;
+        let by_signal = |status: ExitStatus| status.signal().is_some();
+        if self.ranks[reported].status.is_some_and(by_signal) {
+            return reported;
+        }
+        for (index, rank) in self.ranks.iter_mut().enumerate() {
+            if index == reported || !rank.running() {
+                continue;
+            }
+            if let Some(status) = crate::waiter::ended_already(rank.pid)
+                && by_signal(status)
+            {
+                // Its own event is still on its way; recording the status now is the same.
+                rank.status = Some(status);
+                return index;
+            }
+        }
+        reported
     }
 
     fn announce_failure(&self, index: usize) {
@@ -327,5 +354,61 @@ fn ranks_list<'a>(ranks: impl Iterator<Item = &'a Rank>) -> String {
         0 => "no rank".to_owned(),
         1 => format!("rank {}", ids[0]),
         _ => format!("ranks {}", ids.join(", ")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::process::Command;
+
+    use super::*;
+    use crate::waiter::exit_status_without_reaping;
+
+    /// A supervisor of two children: `sleep 1000` (local rank 0) and `sh -c 'exit 3'` (rank 1),
+    /// the second already ended; returns it with rank 1's status.
+    fn sleeper_and_failure() -> (Supervisor, ExitStatus) {
+        let (_events, receiver) = std::sync::mpsc::channel();
+        let mut supervisor = Supervisor::new(receiver, Duration::from_secs(1));
+        let sleeper = Command::new("sleep").arg("1000").spawn().unwrap();
+        let failure = Command::new("sh").args(["-c", "exit 3"]).spawn().unwrap();
+        let failed = exit_status_without_reaping(failure.id()).unwrap();
+        supervisor.add(0, sleeper);
+        supervisor.add(1, failure);
+        (supervisor, failed)
+    }
+
+    fn kill_and_reap(supervisor: &mut Supervisor) {
+        for rank in &mut supervisor.ranks {
+            let _ = rank.child.kill();
+            let _ = rank.child.wait();
+        }
+    }
+
+    #[test]
+    fn a_rank_killed_by_a_signal_is_named_first_even_when_a_peers_exit_arrives_first() {
+        let (mut supervisor, failed) = sleeper_and_failure();
+        let killed = supervisor.ranks[0].pid;
+        // SAFETY: kill(2) of our own child; no memory is touched.
+        assert_eq!(unsafe { libc::kill(killed as i32, libc::SIGKILL) }, 0);
+        exit_status_without_reaping(killed).unwrap();
+        // Rank 1's error exit is reported before rank 0's death, as a loaded machine may do.
+        supervisor.handle(Event::Exited {
+            index: 1,
+            status: failed,
+        });
+        assert_eq!(supervisor.first_failure, Some(0));
+        kill_and_reap(&mut supervisor);
+    }
+
+    #[test]
+    fn the_reported_rank_is_named_when_no_other_rank_died() {
+        let (mut supervisor, failed) = sleeper_and_failure();
+        supervisor.handle(Event::Exited {
+            index: 1,
+            status: failed,
+        });
+        assert_eq!(supervisor.first_failure, Some(1));
+        assert!(supervisor.ranks[0].running());
+        kill_and_reap(&mut supervisor);
     }
 }

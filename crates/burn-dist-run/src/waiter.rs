@@ -25,7 +25,17 @@ pub fn watch(index: usize, pid: u32, events: Sender<Event>) {
 }
 
 /// Blocks until `pid` has exited and returns its status, leaving it waitable (WNOWAIT).
-fn exit_status_without_reaping(pid: u32) -> io::Result<ExitStatus> {
+pub(crate) fn exit_status_without_reaping(pid: u32) -> io::Result<ExitStatus> {
+    ended_without_reaping(pid, 0).map(|status| status.expect("a blocking waitid returns a status"))
+}
+
+/// How `pid` ended if it already has, without waiting and without reaping it.
+pub fn ended_already(pid: u32) -> Option<ExitStatus> {
+    ended_without_reaping(pid, libc::WNOHANG).ok().flatten()
+}
+
+/// waitid(2) on `pid` with WEXITED | WNOWAIT | `extra`; `None` when WNOHANG found it running.
+fn ended_without_reaping(pid: u32, extra: libc::c_int) -> io::Result<Option<ExitStatus>> {
     let info = loop {
         let mut info = MaybeUninit::<libc::siginfo_t>::zeroed();
         // SAFETY: `info` is a valid siginfo_t buffer for the kernel to fill.
@@ -34,11 +44,12 @@ fn exit_status_without_reaping(pid: u32) -> io::Result<ExitStatus> {
                 libc::P_PID,
                 pid as libc::id_t,
                 info.as_mut_ptr(),
-                libc::WEXITED | libc::WNOWAIT,
+                libc::WEXITED | libc::WNOWAIT | extra,
             )
         };
         if rc == 0 {
-            // SAFETY: waitid succeeded, so the kernel filled `info`.
+            // SAFETY: waitid succeeded, so the kernel filled `info` (zeroed if, under WNOHANG,
+            // the child is still running).
             break unsafe { info.assume_init() };
         }
         let err = io::Error::last_os_error();
@@ -46,6 +57,10 @@ fn exit_status_without_reaping(pid: u32) -> io::Result<ExitStatus> {
             return Err(err);
         }
     };
+    // SAFETY: for a SIGCHLD-style siginfo from waitid, si_pid is a valid union member.
+    if unsafe { info.si_pid() } == 0 {
+        return Ok(None);
+    }
     // SAFETY: for a SIGCHLD-style siginfo from waitid, si_status is the valid union member.
     let status = unsafe { info.si_status() };
     // Rebuild the raw wait(2) status that ExitStatus decodes.
@@ -59,5 +74,5 @@ fn exit_status_without_reaping(pid: u32) -> io::Result<ExitStatus> {
             )));
         }
     };
-    Ok(ExitStatus::from_raw(raw))
+    Ok(Some(ExitStatus::from_raw(raw)))
 }
