@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use half::{bf16, f16};
 
 use crate::store::{StoreClient, StoreServer};
-use crate::{CommConfig, DType, HostBuffer, HostCommunicator, Link, ReduceOp};
+use crate::{CommConfig, Communicator, DType, HostBuffer, HostCommunicator, Link, ReduceOp};
 
 /// SplitMix64: a tiny, well-mixed generator, so data depends only on (seed, rank, index).
 fn splitmix(state: u64) -> u64 {
@@ -150,4 +150,21 @@ pub fn linked_group(
         assert_eq!(comm.links(), want, "rank {rank}'s links");
     }
     (store, comms)
+}
+
+/// Every rank of `comms` all-reduces its [`rank_data`] (f32, 1003 elements, `seed`) and gets
+/// [`reference_reduce`]'s sum bit for bit: the group formed and works.
+pub fn assert_all_reduce_matches_reference(comms: Vec<HostCommunicator>, seed: u64) {
+    let inputs: Vec<_> = (0..comms.len())
+        .map(|rank| rank_data(DType::F32, 1003, seed, rank))
+        .collect();
+    let expected = reference_reduce(&inputs, ReduceOp::Sum);
+    let results = run_ranks(comms, |rank, comm| {
+        comm.all_reduce(inputs[rank].clone(), ReduceOp::Sum)
+            .wait()
+            .expect("all_reduce")
+    });
+    for (rank, result) in results.iter().enumerate() {
+        assert_eq!(result.as_bytes(), expected.as_bytes(), "rank {rank}'s sum");
+    }
 }

@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use burn_dist_comm::store::codec::{MAX_HELLO, Message, read_frame};
 use burn_dist_comm::store::{SPARE_PENDING, StoreClient, StoreServer};
-use burn_dist_comm::testing::{join_ranks, rank_data, reference_reduce, run_ranks, test_store};
-use burn_dist_comm::{CommConfig, CommError, Communicator, DType, ReduceOp};
+use burn_dist_comm::testing::{assert_all_reduce_matches_reference, join_ranks, test_store};
+use burn_dist_comm::{CommConfig, CommError};
 
 const TOKEN: &str = "secret";
 /// Ranks of the job behind [`server`].
@@ -198,18 +198,7 @@ fn flood_of_silent_and_trickling_connections_does_not_stop_the_job() {
         .collect();
 
     let comms = join_ranks(server.local_addr(), WORLD, &config);
-    let inputs: Vec<_> = (0..WORLD)
-        .map(|rank| rank_data(DType::F32, 1003, 7, rank))
-        .collect();
-    let expected = reference_reduce(&inputs, ReduceOp::Sum);
-    let results = run_ranks(comms, |rank, comm| {
-        comm.all_reduce(inputs[rank].clone(), ReduceOp::Sum)
-            .wait()
-            .unwrap()
-    });
-    for result in results {
-        assert_eq!(result.as_bytes(), expected.as_bytes());
-    }
+    assert_all_reduce_matches_reference(comms, 7);
     // The store let at most WORLD + SPARE_PENDING of them wait: the oldest were closed,
     // unanswered.
     for (i, stream) in flood

@@ -16,10 +16,11 @@
 //! kill's exact moment still depends on timing: that is the point).
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitStatus, Stdio};
+use std::process::{ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use burn_dist::testing::processes::{kill_announced, launcher, read_f32s, scratch_dir, watch};
+use burn_dist::testing::processes::{kill_announced, launch, read_f32s, scratch_dir, watch};
+use burn_dist_kernels::testing::Rng;
 use burn_dist_zero::checkpoint;
 
 const WORLD: usize = 3;
@@ -44,29 +45,18 @@ enum Point {
     InCheckpoint { step: u64 },
 }
 
-/// SplitMix64, seeded from `BURN_DIST_SEED` or the clock.
-struct Rng(u64);
+/// The random choices of the trials: seeded from `BURN_DIST_SEED` or the clock, printed.
+struct Chaos(Rng);
 
-impl Rng {
-    fn fresh() -> Rng {
-        let seed = std::env::var("BURN_DIST_SEED")
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or_else(|| {
-                std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(1, |d| d.as_nanos() as u64)
-            });
+impl Chaos {
+    fn fresh() -> Chaos {
+        let seed = Rng::fresh_seed();
         println!("chaos seed {seed} (replay the choices with BURN_DIST_SEED={seed})");
-        Rng(seed)
+        Chaos(Rng::new(seed))
     }
 
     fn below(&mut self, n: u64) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        (z ^ (z >> 31)) % n
+        self.0.next_u64() % n
     }
 
     /// A point of `kind` (0 set-up, 1 right after a step, 2 some time after a step, 3 inside a
@@ -98,10 +88,7 @@ fn job(
     env: &[(&str, &str)],
     on_line: impl FnMut(&str),
 ) -> (ExitStatus, Vec<String>) {
-    let mut child = Command::new(launcher())
-        .args(["--nproc-per-node", &WORLD.to_string()])
-        .args(["--master-port", "0", "--stop-grace-secs", "5", "--"])
-        .arg(env!("CARGO_BIN_EXE_synthetic-zero"))
+    let mut child = launch(WORLD, Path::new(env!("CARGO_BIN_EXE_synthetic-zero")))
         .args(["--steps", &STEPS.to_string()])
         .args(["--checkpoint-every", &CHECKPOINT_EVERY.to_string()])
         .arg("--checkpoint-dir")
@@ -292,7 +279,7 @@ fn straight_run(root: &Path) -> Vec<f32> {
 fn chaos_short() {
     let root = scratch_dir("chaos-short");
     let straight = straight_run(&root);
-    let mut rng = Rng::fresh();
+    let mut rng = Chaos::fresh();
     for kind in 0..4 {
         let victim = rng.below(WORLD as u64) as usize;
         let point = rng.point(kind);
@@ -313,7 +300,7 @@ fn chaos_long() {
     );
     let root = scratch_dir("chaos-long");
     let straight = straight_run(&root);
-    let mut rng = Rng::fresh();
+    let mut rng = Chaos::fresh();
     let start = Instant::now();
     let mut n = 0;
     while start.elapsed() < budget {

@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 use super::{CONTROL, DATA, MAGIC, accept_higher, dial, link, listen};
 use crate::env::MAX_TOKEN_BYTES;
 use crate::store::StoreClient;
-use crate::testing::{TEST_TOKEN, rank_data, reference_reduce, run_ranks, test_store};
-use crate::{CommConfig, Communicator, DType, HostCommunicator, ReduceOp};
+use crate::testing::{TEST_TOKEN, assert_all_reduce_matches_reference, test_store};
+use crate::{CommConfig, HostCommunicator};
 
 /// Connections to each listener beyond what it lets wait (`2 (world − 1 − rank) + 32`).
 const FLOOD: usize = 48;
@@ -62,18 +62,7 @@ fn flood_of_silent_and_trickling_connections_does_not_stop_the_mesh() {
             .map(|transport| HostCommunicator::new(Box::new(transport)).unwrap())
             .collect()
     });
-    let inputs: Vec<_> = (0..WORLD)
-        .map(|rank| rank_data(DType::F32, 1003, 3, rank))
-        .collect();
-    let expected = reference_reduce(&inputs, ReduceOp::Sum);
-    let results = run_ranks(comms, |rank, comm| {
-        comm.all_reduce(inputs[rank].clone(), ReduceOp::Sum)
-            .wait()
-            .unwrap()
-    });
-    for result in results {
-        assert_eq!(result.as_bytes(), expected.as_bytes());
-    }
+    assert_all_reduce_matches_reference(comms, 3);
 }
 
 /// A connection that trickles its mesh hello one byte per 50 ms is dropped when the one

@@ -323,8 +323,8 @@ fn assert_refused(errors: &[String], needles: &[&str]) {
     }
 }
 
-#[test]
-fn damaged_checkpoints_are_refused_naming_the_file() {
+/// A complete 2-rank checkpoint of step 1 under a fresh root (kept alive by the `TempDir`).
+fn good_checkpoint() -> (tempfile::TempDir, PathBuf) {
     let root = tempfile::tempdir().unwrap();
     train(Plan {
         world: 2,
@@ -333,7 +333,13 @@ fn damaged_checkpoints_are_refused_naming_the_file() {
         until: 1,
         ..Default::default()
     });
-    let good = checkpoint::step_dir(root.path(), 1);
+    let dir = checkpoint::step_dir(root.path(), 1);
+    (root, dir)
+}
+
+#[test]
+fn damaged_checkpoints_are_refused_naming_the_file() {
+    let (_root, good) = good_checkpoint();
     assert_eq!(load_errors(&good), ["loaded", "loaded"]);
 
     // A flipped byte in a shard and in the weights.

@@ -6,23 +6,9 @@ use std::path::Path;
 
 use burn_dist_zero::checkpoint::{self, CheckpointError, MANIFEST, Manifest};
 
-use super::{Plan, SEED, copy_checkpoint, load_errors, train};
+use super::{copy_checkpoint, good_checkpoint, load_errors};
 
 const SHARD_1: &str = "optim-rank-00001.bin";
-
-/// A complete 2-rank checkpoint of step 1 under a fresh root.
-fn good_checkpoint() -> (tempfile::TempDir, std::path::PathBuf) {
-    let root = tempfile::tempdir().unwrap();
-    train(Plan {
-        world: 2,
-        seed: SEED,
-        save: Some((root.path(), &[1])),
-        until: 1,
-        ..Default::default()
-    });
-    let dir = checkpoint::step_dir(root.path(), 1);
-    (root, dir)
-}
 
 /// What `checkpoint::verify` (every file read and checked, no communicator) says of `dir`.
 fn verify_error(dir: &Path) -> CheckpointError {
