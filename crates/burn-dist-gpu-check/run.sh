@@ -192,7 +192,7 @@ done
 # "nvrtc=13.0 driver=13.0"; "none" for a library that does not load, "stub" for the stub).
 VERSIONS=""
 [ -f "$BIN" ] && chmod +x "$BIN" 2>/dev/null
-[ -x "$BIN" ] && VERSIONS="$("$BIN" versions 2>>"$LOG" | tail -n 1)"
+[ -x "$BIN" ] && VERSIONS="$(timeout 30 "$BIN" versions 2>>"$LOG" | tail -n 1)"
 version_of() { # name: the value of name= in $VERSIONS, or "unknown"
     local v
     v="$(echo "$VERSIONS" | tr ' ' '\n' | sed -n "s/^$1=//p")"
