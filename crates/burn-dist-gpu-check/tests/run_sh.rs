@@ -152,7 +152,8 @@ impl Machine {
 struct Run {
     log: String,
     results: Vec<Value>,
-    /// One line per call of a stand-in: the check, NCCL_SOCKET_IFNAME, LD_LIBRARY_PATH.
+    /// One line per call of a stand-in: the check, NCCL_SOCKET_IFNAME, and for the binary the
+    /// files in the first directory of LD_LIBRARY_PATH (FIRST_DIR) and LD_LIBRARY_PATH itself.
     calls: String,
     stdout: String,
     success: bool,
