@@ -96,6 +96,9 @@ impl ReducerCheck {
             bytes_copied: self.last.bytes_copied + self.bytes_per_step,
             backwards: self.last.backwards + 1,
             layout_rebuilds: 1,
+            // The host path never copies a gradient privately (those are the NCCL path's).
+            private_copies: 0,
+            pitched_copies: 0,
         };
         assert_eq!(
             now, expected,
