@@ -99,6 +99,9 @@ impl ReducerCheck {
             // Every bucket is all-reduced: each rank receives every gradient element.
             reduced_elements_received: self.last.reduced_elements_received
                 + self.bytes_per_step / 4,
+            // The host path never copies a gradient privately (those are the NCCL path's).
+            private_copies: 0,
+            pitched_copies: 0,
         };
         assert_eq!(
             now, expected,

@@ -18,7 +18,7 @@ import time
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--elements", type=int, default=1 << 30)
+    parser.add_argument("--elements", type=int, default=1 << 28)
     parser.add_argument("--out", default="gpu-check.jsonl")
     parser.add_argument("--device", type=int, default=0)
     parser.add_argument("--iters", type=int, default=20)

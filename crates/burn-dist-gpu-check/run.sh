@@ -1,26 +1,33 @@
 #!/usr/bin/env bash
 # The burn-dist device check, on the GPU machine. `cargo xtask gpu-check` copies this script,
-# the binary and fused_adamw_torch.py into target-gpu/; run it from anywhere:
+# the binary, fused_adamw_torch.py and gpt2_torch.py into target-gpu/; run it from anywhere:
 #
-#     bash target-gpu/run.sh        # the core checks (NCCL, kernels, fused step, DDP step)
-#     bash target-gpu/run.sh gpt    # the end-to-end GPT-2 124M comparison with PyTorch
+#     bash target-gpu/run.sh            # the core checks (NCCL, kernels, fused step, DDP step)
+#     bash target-gpu/run.sh gpt        # the end-to-end GPT-2 124M comparison with PyTorch
+#     bash target-gpu/run.sh libraries  # only the library look-up and the version check
 #
-# The two suites are separate device calls, each under 5 minutes: run the core one first.
-# It finds libnccl and libnvrtc in the Python environment's nvidia-* packages, runs each check
-# under its own timeout (5 minutes in all: 300 s of limits), and writes
+# Each suite is one device call of 7 minutes with the machine's start: its limits add up to at
+# most SUITE_LIMIT_S (below), run the core suite first. The script finds libnccl and libnvrtc
+# (the toolkit's, else the Python environment's nvidia-* packages), checks that NVRTC is not
+# newer than the driver and that no libcuda stub shadows the driver, runs each check under its
+# own timeout, and writes
 #   $OUT/results.jsonl   one JSON line per result, written as soon as it is known
 #   $OUT/gpu-check.md    a dated table of the results
-#   $OUT/gpu-check.log   everything the checks printed
+#   $OUT/gpu-check.log   everything the checks printed, the library paths and versions
 # OUT defaults to target-gpu/out. Exit code: 0 when every result passed.
 #
-# The gpt suite: `gpt` (our stack, gpt-pretrain's model) and gpt2_torch.py (PyTorch eager, bf16
-# autocast, fused AdamW, SDPA), same shape, batch and sequence length: 260 + 80 s of limits.
-#
 # Environment: PYTHON (default python3, the one with torch and the nvidia-* packages),
-# ELEMENTS (fused-step size, default 1073741824), DEVICE (default 0).
+# ELEMENTS (fused-step size, default 268435456 = 2^28), DEVICE (default 0), CUDA_PATH (a CUDA
+# toolkit; default: the first of CUDA_ROOTS, "/usr/local/cuda /opt/cuda" and nvcc's, with
+# include/cuda_runtime.h), NCCL_SOCKET_IFNAME (default lo: world size 1 needs no network),
+# NCCL_DEBUG (default WARN). For the rehearsal without a GPU (tests/run_sh.rs): GPU_CHECK_BIN
+# (the binary; default beside this script).
 set -uo pipefail
 SUITE="${1:-core}"
-case "$SUITE" in core | gpt) ;; *) echo "usage: run.sh [core|gpt]" >&2; exit 2 ;; esac
+case "$SUITE" in core | gpt | libraries) ;; *) echo "usage: run.sh [core|gpt|libraries]" >&2; exit 2 ;; esac
+# What one suite's limits may add up to: a 7-minute device call, less about 90 s for the
+# machine's start and the transfers, less about 20 s for this script's own set-up and report.
+SUITE_LIMIT_S=300
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 OUT="${OUT:-$HERE/out}"
@@ -34,9 +41,12 @@ for candidate in ${PYTHON:-} python3 python /opt/torch/.venv/bin/python3 /opt/co
     fi
 done
 PY="${PY:-${PYTHON:-python3}}"
-ELEMENTS="${ELEMENTS:-1073741824}"
+# 2^28: 10 GB moved per fused step, far past the caches, while the host-side set-up (random
+# state tiled to this length, then uploaded) stays a few seconds; at 2^30 it took most of the
+# check's limit and left no time for Burn's AdamW line.
+ELEMENTS="${ELEMENTS:-268435456}"
 DEVICE="${DEVICE:-0}"
-BIN="$HERE/burn-dist-gpu-check"
+BIN="${GPU_CHECK_BIN:-$HERE/burn-dist-gpu-check}"
 mkdir -p "$OUT"
 RESULTS="$OUT/results.jsonl"
 LOG="$OUT/gpu-check.log"
@@ -47,17 +57,21 @@ STARTED="$(date -u +%Y-%m-%dT%H:%M:%SZ)"
 note() { echo "run.sh: $*" | tee -a "$LOG"; }
 
 # A result line written by this script (the checks write their own).
-result() { # check status error
+result() { # check status error [key=value...] (an empty error is left out)
     "$PY" -c 'import json, sys, time
-print(json.dumps({"check": sys.argv[1], "status": sys.argv[2], "unix_time": int(time.time()), "error": sys.argv[3]}))' \
-        "$1" "$2" "$3" | tee -a "$LOG" >>"$RESULTS"
+line = {"check": sys.argv[1], "status": sys.argv[2], "unix_time": int(time.time())}
+if sys.argv[3]:
+    line["error"] = sys.argv[3]
+line.update(arg.split("=", 1) for arg in sys.argv[4:])
+print(json.dumps(line))' \
+        "$@" | tee -a "$LOG" >>"$RESULTS"
 }
 
 # --- Libraries -----------------------------------------------------------------------------
 # cudarc opens libnccl.so or libnccl.so.<CUDA major> (13 here), never libnccl.so.2, which is
 # all the nvidia-nccl-cu13 wheel ships: link libnccl.so to it in a directory of our own.
-# libnvrtc (cubecl-cuda compiles its kernels at run time) comes from nvidia-cuda-nvrtc; its
-# directory also holds libnvrtc-builtins, which NVRTC opens by itself.
+# libnvrtc (cubecl-cuda compiles its kernels at run time) comes from the toolkit, else from
+# nvidia-cuda-nvrtc; NVRTC opens libnvrtc-builtins by itself, so it is linked beside it.
 LIBDIR="$(mktemp -d)"
 NVIDIA_DIRS="$("$PY" -c 'import os, nvidia
 print("\n".join(os.path.abspath(p) for p in nvidia.__path__))' 2>>"$LOG")"
@@ -66,58 +80,150 @@ if [ -z "$NVIDIA_DIRS" ]; then
         [ -d "$site/nvidia" ] && NVIDIA_DIRS="$NVIDIA_DIRS $site/nvidia"
     done
 fi
-find_lib() { # name pattern: the first match under the nvidia packages, else the system's
+# The first file or link named like $2 directly in the directories $1 (a symlinked directory is
+# followed: -H; `find DIR` alone does not descend a DIR that is a link), never in a stubs/
+# directory (the toolkit's link-time stand-ins, which cannot run anything).
+first_in() { # dirs pattern [maxdepth]
+    # shellcheck disable=SC2086 # $1 is a list of directories
+    find -H $1 ${3:+-maxdepth "$3"} -name "$2" \( -type f -o -type l \) -not -path '*/stubs/*' 2>/dev/null | sort | head -n 1
+}
+find_lib() { # pattern: the first match under the nvidia packages, else the system's
     local found=""
-    [ -n "$NVIDIA_DIRS" ] && found="$(find $NVIDIA_DIRS -name "$1" \( -type f -o -type l \) 2>/dev/null | sort | head -n 1)"
-    [ -z "$found" ] && found="$(ldconfig -p 2>/dev/null | awk -v p="${1%\*}" '$1 ~ "^"p {print $NF; exit}')"
+    [ -n "$NVIDIA_DIRS" ] && found="$(first_in "$NVIDIA_DIRS" "$1")"
+    [ -z "$found" ] && found="$(ldconfig -p 2>/dev/null | awk -v p="${1%\*}" '$1 ~ "^"p && $NF !~ "/stubs/" {print $NF; exit}')"
     echo "$found"
 }
 # cubecl-cuda compiles its kernels with NVRTC at run time and needs CUDA's headers
-# (cuda_runtime.h, cuda_fp16.h, cuda_bf16.h, mma.h): it looks in $CUDA_PATH, /usr/local/cuda,
-# /opt/cuda, or beside /usr/bin/nvcc, and panics when none exists. Prefer a toolkit (the
-# image's nvcc), whose NVRTC also matches the driver; else assemble the headers of the nvidia-*
-# wheels into one include directory.
+# (cuda_runtime.h, cuda_fp16.h, cuda_bf16.h, mma.h; CCCL's cuda/pipeline under include/ or,
+# as CUDA 13 keeps it, include/cccl/, which cubecl-cuda also puts on NVRTC's include path): it
+# looks in $CUDA_PATH, /usr/local/cuda, /opt/cuda, or beside /usr/bin/nvcc, and panics when
+# none exists. Prefer a toolkit (the image's nvcc), whose NVRTC also matches the driver; else
+# assemble the headers of the nvidia-* wheels into one include directory.
 if [ -z "${CUDA_PATH:-}" ]; then
     NVCC="$(command -v nvcc 2>/dev/null || true)"
-    for root in /usr/local/cuda /opt/cuda ${NVCC:+"$(dirname "$(dirname "$NVCC")")"}; do
+    for root in ${CUDA_ROOTS:-/usr/local/cuda /opt/cuda ${NVCC:+"$(dirname "$(dirname "$NVCC")")"}}; do
         if [ -f "$root/include/cuda_runtime.h" ]; then export CUDA_PATH="$root"; break; fi
     done
 fi
 if [ -z "${CUDA_PATH:-}" ] && [ -n "$NVIDIA_DIRS" ]; then
     mkdir -p "$LIBDIR/cuda/include"
+    # shellcheck disable=SC2086
     for inc in $(find $NVIDIA_DIRS -maxdepth 3 -type d -name include 2>/dev/null); do
         ln -sf "$inc"/* "$LIBDIR/cuda/include/" 2>/dev/null
     done
     export CUDA_PATH="$LIBDIR/cuda"
 fi
 for header in cuda_runtime.h cuda_fp16.h cuda_bf16.h mma.h cuda/pipeline; do
-    [ -e "${CUDA_PATH:-/nonexistent}/include/$header" ] || note "CUDA header $header not found under ${CUDA_PATH:-no CUDA_PATH}"
+    include="${CUDA_PATH:-/nonexistent}/include"
+    [ -e "$include/$header" ] || [ -e "$include/cccl/$header" ] ||
+        note "CUDA header $header not found under ${CUDA_PATH:-no CUDA_PATH}/include nor include/cccl"
 done
 note "CUDA_PATH=${CUDA_PATH:-none} (nvcc: $(command -v nvcc 2>/dev/null || echo none))"
 export NCCL_DEBUG="${NCCL_DEBUG:-WARN}"
+# World size 1 needs no network; in a VM NCCL's interface search can pick an interface that
+# does not work, or fail on none: the loopback always exists.
+export NCCL_SOCKET_IFNAME="${NCCL_SOCKET_IFNAME:-lo}"
+note "NCCL_SOCKET_IFNAME=$NCCL_SOCKET_IFNAME NCCL_DEBUG=$NCCL_DEBUG${NCCL_CUMEM_ENABLE:+ NCCL_CUMEM_ENABLE=$NCCL_CUMEM_ENABLE}"
 
 NCCL="$(find_lib 'libnccl.so*')"
 # NVRTC: the toolkit's first (it matches the driver's PTX version), else the wheel's.
-NVRTC="$(find "${CUDA_PATH:-/nonexistent}/lib64" "${CUDA_PATH:-/nonexistent}/lib" -maxdepth 1 -name 'libnvrtc.so*' \( -type f -o -type l \) 2>/dev/null | sort | head -n 1)"
+NVRTC="$(first_in "${CUDA_PATH:-/nonexistent}/lib64 ${CUDA_PATH:-/nonexistent}/lib" 'libnvrtc.so*' 1)"
 [ -z "$NVRTC" ] && NVRTC="$(find_lib 'libnvrtc.so*')"
+
+# A libcuda.so in DIR that is the toolkit's stub (in, or linked into, a stubs/ directory):
+# first on LD_LIBRARY_PATH it shadows the driver's, and every CUDA call then fails with
+# CUDA_ERROR_STUB_LIBRARY.
+stub_libcuda() { # dir: prints the stub's path, if DIR holds one
+    local lib
+    for lib in "$1"/libcuda.so "$1"/libcuda.so.*; do
+        [ -e "$lib" ] || continue
+        case "$1/ $(readlink -f "$lib")" in
+            */stubs/*) echo "$lib -> $(readlink -f "$lib")"; return ;;
+        esac
+    done
+}
 EXTRA=""
+add_dir() { # dir: put it on LD_LIBRARY_PATH after $LIBDIR, unless it holds a libcuda stub
+    local stub
+    stub="$(stub_libcuda "$1")"
+    if [ -n "$stub" ]; then
+        note "not putting $1 on LD_LIBRARY_PATH: its libcuda ($stub) is the toolkit's stub, which would shadow the driver's"
+    else
+        EXTRA="$EXTRA:$1"
+    fi
+}
 if [ -n "$NCCL" ]; then
     ln -sf "$NCCL" "$LIBDIR/libnccl.so"
-    EXTRA="$EXTRA:$(dirname "$NCCL")"
+    add_dir "$(dirname "$NCCL")"
 else
     note "no libnccl found under the Python nvidia packages ($NVIDIA_DIRS) nor by ldconfig"
 fi
 if [ -n "$NVRTC" ]; then
     ln -sf "$NVRTC" "$LIBDIR/libnvrtc.so"
-    EXTRA="$EXTRA:$(dirname "$NVRTC")"
+    for builtins in "$(dirname "$NVRTC")"/libnvrtc-builtins.so*; do
+        [ -e "$builtins" ] && ln -sf "$builtins" "$LIBDIR/"
+    done
+    add_dir "$(dirname "$NVRTC")"
 else
-    note "no libnvrtc found under the Python nvidia packages ($NVIDIA_DIRS) nor by ldconfig"
+    note "no libnvrtc found under ${CUDA_PATH:-no CUDA_PATH}/lib64, the Python nvidia packages ($NVIDIA_DIRS) nor by ldconfig"
 fi
 export LD_LIBRARY_PATH="$LIBDIR$EXTRA${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-note "libnccl: ${NCCL:-none}; libnvrtc: ${NVRTC:-none}"
+note "libnccl: ${NCCL:-none} (resolved: $([ -n "$NCCL" ] && readlink -f "$NCCL" || echo none))"
+note "libnvrtc: ${NVRTC:-none} (resolved: $([ -n "$NVRTC" ] && readlink -f "$NVRTC" || echo none))"
 note "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
 GPU="$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>>"$LOG" | head -n 1)"
 note "GPU: ${GPU:-nvidia-smi gave nothing}"
+
+# What stops every check before it starts, in one line (empty: nothing).
+BLOCKED=""
+# The libcuda that cudarc opens first (libcuda.so) on LD_LIBRARY_PATH, if any is there (else
+# the loader's cache, the driver's).
+IFS=: read -ra SEARCH <<<"$LD_LIBRARY_PATH"
+for dir in "${SEARCH[@]}"; do
+    [ -e "$dir/libcuda.so" ] || continue
+    stub="$(stub_libcuda "$dir")"
+    if [ -n "$stub" ]; then
+        BLOCKED="libcuda.so on LD_LIBRARY_PATH ($stub) is the CUDA toolkit's stub, which shadows the driver's libcuda: remove $dir from LD_LIBRARY_PATH"
+    fi
+    note "libcuda: $dir/libcuda.so (first on LD_LIBRARY_PATH)"
+    break
+done
+# NVRTC's and the driver's CUDA versions, as the binary loads them (`versions`: one line
+# "nvrtc=13.0 driver=13.0"; "none" for a library that does not load, "stub" for the stub).
+VERSIONS=""
+[ -f "$BIN" ] && chmod +x "$BIN" 2>/dev/null
+[ -x "$BIN" ] && VERSIONS="$(timeout 30 "$BIN" versions 2>>"$LOG" | tail -n 1)"
+version_of() { # name: the value of name= in $VERSIONS, or "unknown"
+    local v
+    v="$(echo "$VERSIONS" | tr ' ' '\n' | sed -n "s/^$1=//p")"
+    echo "${v:-unknown}"
+}
+NVRTC_VERSION="$(version_of nvrtc)"
+DRIVER_VERSION="$(version_of driver)"
+note "versions: NVRTC $NVRTC_VERSION ($([ -n "$NVRTC" ] && readlink -f "$NVRTC" || echo none)), driver's CUDA $DRIVER_VERSION"
+as_number() { # "13.0" -> 13000, as cuDriverGetVersion counts; empty when not a version
+    case "$1" in
+        [0-9]*.[0-9]*) echo $((${1%%.*} * 1000 + ${1#*.} * 10)) ;;
+    esac
+}
+if [ "$DRIVER_VERSION" = stub ] && [ -z "$BLOCKED" ]; then
+    BLOCKED="the libcuda the binary loads is the CUDA toolkit's stub (cuDriverGetVersion: CUDA_ERROR_STUB_LIBRARY): put the driver's libcuda first on LD_LIBRARY_PATH"
+fi
+NVRTC_CODE="$(as_number "$NVRTC_VERSION")"
+DRIVER_CODE="$(as_number "$DRIVER_VERSION")"
+# A newer NVRTC writes PTX the driver cannot load: every kernel would fail with
+# CUDA_ERROR_UNSUPPORTED_PTX_VERSION. Only the checks that compile kernels are stopped.
+NVRTC_BLOCKED=""
+if [ -n "$NVRTC_CODE" ] && [ -n "$DRIVER_CODE" ] && [ "$NVRTC_CODE" -gt "$DRIVER_CODE" ]; then
+    NVRTC_BLOCKED="NVRTC $NVRTC_VERSION ($(readlink -f "$NVRTC")) is newer than the driver's CUDA $DRIVER_VERSION: its PTX would not load (CUDA_ERROR_UNSUPPORTED_PTX_VERSION); set CUDA_PATH to a toolkit of CUDA $DRIVER_VERSION or install nvidia-cuda-nvrtc $DRIVER_VERSION.*"
+fi
+# One line with what was found, first in the table: fail with the reason when it stops checks.
+PROBLEM="${BLOCKED:-$NVRTC_BLOCKED}"
+[ -z "$PROBLEM" ] && [ -z "$NCCL" ] && PROBLEM="no libnccl found (nccl-w1, ddp-step and gpt will fail)"
+[ -z "$PROBLEM" ] && [ -z "$NVRTC" ] && PROBLEM="no libnvrtc found (every check that compiles kernels will fail)"
+result libraries "$([ -n "$PROBLEM" ] && echo fail || echo pass)" "$PROBLEM" \
+    "libnccl=${NCCL:-none}" "libnvrtc=$([ -n "$NVRTC" ] && readlink -f "$NVRTC" || echo none)" \
+    "nvrtc_version=$NVRTC_VERSION" "driver_version=$DRIVER_VERSION" "cuda_path=${CUDA_PATH:-none}"
 
 # --- Checks --------------------------------------------------------------------------------
 # check NAME SECONDS COMMAND...: runs COMMAND under its own timeout; a crash or a timeout
@@ -127,7 +233,7 @@ check() {
     shift 2
     note "$name (at most ${limit} s): $*"
     local start=$SECONDS
-    timeout --kill-after=10 "$limit" "$@" >>"$LOG" 2>&1
+    timeout --kill-after=5 "$limit" "$@" >>"$LOG" 2>&1
     local rc=$?
     note "$name: exit code $rc after $((SECONDS - start)) s"
     case $rc in
@@ -136,29 +242,42 @@ check() {
         *) result "$name" fail "exited with code $rc (a crash: see gpu-check.log)" ;;
     esac
 }
+# A check of the binary that compiles kernels with NVRTC: not run when NVRTC cannot work.
+kernel_check() { # name seconds args...
+    if [ -n "$NVRTC_BLOCKED" ]; then
+        note "$1: not run: NVRTC is newer than the driver (the libraries line)"
+    else
+        check "$1" "$2" "$BIN" "${@:3}"
+    fi
+}
 
-[ -f "$BIN" ] && chmod +x "$BIN" 2>/dev/null
-if [ ! -x "$BIN" ]; then
+# The suites, in order, with their limits (seconds; SUITE_LIMIT_S in all at most). Core: the
+# library lines and NCCL first (seconds), then the kernels (NVRTC's cold compilation), the
+# fused step, the DDP step (a transformer's kernels compiled and autotuned cold), PyTorch last.
+# Gpt: one check per precision, each with its own limit, then PyTorch's reference.
+if [ "$SUITE" = libraries ]; then
+    :
+elif [ ! -x "$BIN" ]; then
     result setup fail "$BIN is missing: build it with cargo xtask gpu-check"
+elif [ -n "$BLOCKED" ]; then
+    note "no check run: $BLOCKED"
 elif [ "$SUITE" = core ]; then
-    check nccl-w1 40 "$BIN" nccl-w1 --out "$RESULTS" --device "$DEVICE"
-    check kernels 65 "$BIN" kernels --out "$RESULTS" --device "$DEVICE"
-    check fused-step 80 "$BIN" fused-step --out "$RESULTS" --device "$DEVICE" --elements "$ELEMENTS"
-    check ddp-step 75 "$BIN" ddp-step --out "$RESULTS" --device "$DEVICE"
+    check nccl-w1 30 "$BIN" nccl-w1 --out "$RESULTS" --device "$DEVICE"
+    kernel_check kernels 50 kernels --out "$RESULTS" --device "$DEVICE"
+    kernel_check fused-step 60 fused-step --out "$RESULTS" --device "$DEVICE" --elements "$ELEMENTS"
+    kernel_check ddp-step 125 ddp-step --out "$RESULTS" --device "$DEVICE"
+    check torch-adamw 30 "$PY" "$HERE/fused_adamw_torch.py" --out "$RESULTS" --device "$DEVICE" --elements "$ELEMENTS"
 else
-    check gpt 260 "$BIN" gpt --out "$RESULTS" --device "$DEVICE"
-fi
-if [ "$SUITE" = core ]; then
-    check torch-adamw 40 "$PY" "$HERE/fused_adamw_torch.py" --out "$RESULTS" --device "$DEVICE" --elements "$ELEMENTS"
-else
-    check torch-gpt 80 "$PY" "$HERE/gpt2_torch.py" --out "$RESULTS" --device "$DEVICE"
+    kernel_check gpt-f32 115 gpt-f32 --out "$RESULTS" --device "$DEVICE"
+    kernel_check gpt-bf16 115 gpt-bf16 --out "$RESULTS" --device "$DEVICE"
+    check torch-gpt 70 "$PY" "$HERE/gpt2_torch.py" --out "$RESULTS" --device "$DEVICE"
 fi
 rm -rf "$LIBDIR"
 
 # --- Report --------------------------------------------------------------------------------
-"$PY" - "$RESULTS" "$OUT/gpu-check.md" "$STARTED" "$GPU" "$NCCL" "$NVRTC" <<'EOF'
+"$PY" - "$RESULTS" "$OUT/gpu-check.md" "$STARTED" "$GPU" "$NCCL" "$NVRTC" "$NVRTC_VERSION" "$DRIVER_VERSION" <<'EOF'
 import json, sys
-results, md, started, gpu, nccl, nvrtc = sys.argv[1:7]
+results, md, started, gpu, nccl, nvrtc, nvrtc_version, driver_version = sys.argv[1:9]
 lines = []
 for raw in open(results):
     raw = raw.strip()
@@ -181,7 +300,8 @@ def summary(r):
 
 failed = sum(1 for r in lines if r.get("status") != "pass")
 out = [f"# burn-dist GPU check, {started}", "",
-       f"GPU: {gpu or 'unknown'}; libnccl: {nccl or 'none'}; libnvrtc: {nvrtc or 'none'}", "",
+       f"GPU: {gpu or 'unknown'}; libnccl: {nccl or 'none'}; libnvrtc: {nvrtc or 'none'} "
+       f"(NVRTC {nvrtc_version}, driver's CUDA {driver_version})", "",
        f"{len(lines) - failed} of {len(lines)} results passed.", "",
        "| check | status | result |", "|---|---|---|"]
 out += [f"| {r.get('check')} | {r.get('status')} | {summary(r)} |" for r in lines]

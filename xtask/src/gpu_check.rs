@@ -18,6 +18,9 @@ const PACKAGE: &str = "burn-dist-gpu-check";
 const OUT_DIR: &str = "target-gpu";
 /// What the device tool carries in all (the working tree counts too).
 const CARRY_LIMIT: u64 = 64 << 20;
+/// The device call's limit: run.sh's 300 s of check limits, its set-up and report, and the
+/// few seconds each timeout may take to kill a check (`--kill-after=5`).
+const CALL_TIMEOUT_S: u64 = 360;
 const USAGE: &str =
     "usage: cargo xtask gpu-check [--cuda-version NNNNN]   (default 13000: CUDA 13.0)";
 
@@ -103,12 +106,14 @@ pub fn gpu_check(args: &[String]) -> Result<(), String> {
         "\nxtask: {OUT_DIR}/ is ready: {PACKAGE} ({:.1} MiB, stripped, CUDA bindings \
          {cuda_version}), run.sh, fused_adamw_torch.py, gpt2_torch.py; {:.1} MiB in all.\n\
          \n\
-         Run the core device check with one call of the device tool (about 2 to 4 minutes on \
-         an H200, at most about 5; results come back as results.jsonl, gpu-check.md and \
-         gpu-check.log):\n\
-         \n    run(command=\"bash {OUT_DIR}/run.sh\", carry=[\"{OUT_DIR}\"], timeout_s=420)\n\
-         \nthen, time permitting, the end-to-end GPT-2 124M comparison with PyTorch:\n\
-         \n    run(command=\"bash {OUT_DIR}/run.sh gpt\", carry=[\"{OUT_DIR}\"], timeout_s=420)\n",
+         Run the core device check with one call of the device tool (its checks' limits add \
+         up to 300 s, so the call fits 7 minutes with the machine's start; results come back \
+         as results.jsonl, gpu-check.md and gpu-check.log; read the libraries and \
+         ddp-step/address lines first):\n\
+         \n    run(command=\"bash {OUT_DIR}/run.sh\", carry=[\"{OUT_DIR}\"], timeout_s={CALL_TIMEOUT_S})\n\
+         \nthen, time permitting, the end-to-end GPT-2 124M comparison with PyTorch (gpt-f32, \
+         gpt-bf16, torch-gpt; also 300 s of limits):\n\
+         \n    run(command=\"bash {OUT_DIR}/run.sh gpt\", carry=[\"{OUT_DIR}\"], timeout_s={CALL_TIMEOUT_S})\n",
         binary as f64 / (1 << 20) as f64,
         total as f64 / (1 << 20) as f64,
     );

@@ -19,21 +19,31 @@
 //!
 //! First `ddp-step/address`: what the reducer hands NCCL as a gradient's memory
 //! (`burn_dist::device_address`, cubecl's resource pointer) is read back with a plain
-//! `cuMemcpyDtoH` and compared with the tensor's values, for whole tensors and for views that
-//! start inside their memory page (row slices). At world size 1 the reduction cannot show a
-//! wrong address (the average of one rank is its input), this does.
+//! `cuMemcpyDtoH` and compared with the tensor's values, for a whole tensor, for row views that
+//! start inside their memory page (an offset into the allocation), and for a tensor whose rows
+//! cubecl-cuda pads (its `[128, 1]` strides for `[64, 96]` f32) through the reducer's own
+//! private contiguous copy. The other shapes have rows of 512 bytes, which cubecl-cuda does not
+//! pad, so the views are contiguous. At world size 1 the reduction cannot show a wrong address
+//! (the average of one rank is its input), this does. Each case is checked and reported; one
+//! failure does not hide the others, nor stop the sub-checks after it.
 //!
 //! Then `ddp-step/views`: gradients the reducer must not reduce where they are, a parameter used
-//! only transposed (its gradient is a strided view) and two parameters added together (their
-//! gradients share memory with each other and with the rest of backward): the gradients after
-//! `Ddp::backward` against the unsynchronized copy's, and how many private copies the hook made
-//! (`private_copies`, 2 expected: the transposed one and one of the pair).
+//! only transposed (its gradient is a strided view), two parameters added together (their
+//! gradients share memory with each other and with the rest of backward) and one whose rows
+//! cubecl-cuda pads: the gradients after `Ddp::backward` against the unsynchronized copy's,
+//! and how many private copies the hook made (`private_copies`, 3 expected: the transposed one,
+//! one of the pair, the padded one; `pitched_copies` 1).
+//!
+//! Then `ddp-step/warmup` (written as soon as the cold compilation and autotuning of the
+//! transformer's kernels is done, so a timeout after it still leaves that figure) and
+//! `ddp-step`, the timed comparison, with the private copies per step (0 expected: every
+//! parameter of the block has rows of a multiple of 512 bytes or rank 1).
 //!
 //! Then `ddp-step/zero2`: the same `Ddp` switched to ZeRO stage 2 (`shard_gradients` over the
-//! flat layout at world size 1, so the one shard is every gradient): one more backward of each
-//! model on the same batch, and the reduced shard (grouped in-place `ncclReduce` of each
-//! parameter piece to its owner, read back by the owner) against the plain model's gradients,
-//! flattened in visit order.
+//! flat layout at world size 1, so the one shard is every gradient) on a fresh pair of models:
+//! one backward of each on the same batch, and the reduced shard (grouped in-place `ncclReduce`
+//! of each parameter piece to its owner, read back by the owner) against the plain model's
+//! gradients, flattened in visit order. It runs whether or not the timed step passed.
 //!
 //! What world size 1 cannot show: that NCCL changes anything (the average of one rank is its
 //! input), and the cost of a real reduction.
@@ -53,7 +63,7 @@ use serde_json::json;
 
 use crate::Options;
 use crate::libraries::check_cuda_runtime;
-use crate::report::{Report, guarded, median};
+use crate::report::{Report, Status, guarded, median};
 
 type Inner = DistributedBackend<CudaBackend>;
 type B = burn::backend::Autodiff<Inner>;
@@ -76,6 +86,14 @@ const ROUNDS: usize = 8;
 const STEPS_PER_ROUND: usize = 4;
 const TOLERANCE: f64 = 1e-6;
 
+/// The sub-checks after `ddp-step/init`, each reported whether or not another one failed.
+const AFTER_INIT: [&str; 4] = [
+    "ddp-step/views",
+    "ddp-step/warmup",
+    "ddp-step",
+    "ddp-step/zero2",
+];
+
 pub fn run(report: &mut Report, options: &Options) {
     if let Err(e) = check_cuda_runtime() {
         return report.fail("ddp-step/runtime", e, json!({}));
@@ -84,83 +102,125 @@ pub fn run(report: &mut Report, options: &Options) {
         index: options.device,
     };
     match guarded(|| addresses(&device)) {
-        Ok(Ok(fields)) => report.pass("ddp-step/address", fields),
-        Ok(Err(e)) => return report.fail("ddp-step/address", e, json!({})),
-        Err(panic) => {
-            return report.fail("ddp-step/address", format!("panicked: {panic}"), json!({}));
-        }
+        Ok((status, fields)) => report.line("ddp-step/address", status, fields),
+        Err(panic) => report.fail("ddp-step/address", format!("panicked: {panic}"), json!({})),
     }
     let buckets = burn_dist::BucketConfig::new()
         .with_first_bucket_bytes(FIRST_BUCKET_BYTES)
         .with_bucket_bytes(BUCKET_BYTES);
     let mut ddp = match join(&device, DdpConfig::new().with_buckets(buckets)) {
         Ok(ddp) => ddp,
-        Err(e) => return report.fail("ddp-step/init", e, json!({ "device": options.device })),
+        Err(e) => {
+            report.fail("ddp-step/init", e, json!({ "device": options.device }));
+            for check in AFTER_INIT {
+                report.fail(check, "not run: ddp-step/init failed", json!({}));
+            }
+            return;
+        }
     };
     match guarded(|| views(&mut ddp, &device)) {
         Ok(Ok((status, fields))) => report.line("ddp-step/views", status, fields),
         Ok(Err(e)) => report.fail("ddp-step/views", e, json!({})),
         Err(panic) => report.fail("ddp-step/views", format!("panicked: {panic}"), json!({})),
     }
-    let models = match guarded(|| measure(ddp, &device)) {
-        Ok(Ok((status, fields, models))) => {
-            report.line("ddp-step", status, fields);
-            models
-        }
-        Ok(Err(e)) => return report.fail("ddp-step", e, json!({})),
-        Err(panic) => return report.fail("ddp-step", format!("panicked: {panic}"), json!({})),
-    };
-    match guarded(|| zero2(models, &device)) {
+    match guarded(|| measure(report, &mut ddp, &device)) {
+        Ok(Ok((status, fields))) => report.line("ddp-step", status, fields),
+        Ok(Err(e)) => report.fail("ddp-step", e, json!({})),
+        Err(panic) => report.fail("ddp-step", format!("panicked: {panic}"), json!({})),
+    }
+    match guarded(|| zero2(&mut ddp, &device)) {
         Ok(Ok((status, fields))) => report.line("ddp-step/zero2", status, fields),
         Ok(Err(e)) => report.fail("ddp-step/zero2", e, json!({})),
         Err(panic) => report.fail("ddp-step/zero2", format!("panicked: {panic}"), json!({})),
     }
 }
 
-/// What the overhead measurement leaves for the ZeRO-2 check: the `Ddp`, then its model and
-/// the plain one (equal parameters).
-type Models = (Ddp, TransformerBlock<B>, TransformerBlock<B>);
+/// Reads tensors back through the address the reducer would give NCCL: every case, then one
+/// line with the cases that passed and the failures.
+fn addresses(device: &CudaDevice) -> (Status, Fields) {
+    let mut passed = Vec::new();
+    let mut failures = Vec::new();
+    let ctx = match cudarc::driver::CudaContext::new(device.index)
+        .and_then(|ctx| ctx.bind_to_thread().map(|()| ctx))
+    {
+        Ok(ctx) => ctx,
+        Err(e) => return (Status::Fail, json!({ "error": format!("{e:?}") })),
+    };
+    // 128 f32 columns: 512-byte rows, which cubecl-cuda does not pad, so row views are
+    // contiguous, and rows 5.. start 2560 bytes into the allocation.
+    let cols = 128;
+    for (name, rows) in [("whole", 0..64), ("rows 5..21", 5..21), ("row 63", 63..64)] {
+        match read_back(device, [64, cols], rows, false) {
+            Ok(()) => passed.push(name.to_string()),
+            Err(e) => failures.push(format!("{name}: {e}")),
+        }
+    }
+    // 96 f32 columns: 384-byte rows, padded to 512 (strides [128, 1]): not contiguous, so the
+    // reducer reduces its private contiguous copy, whose address is read back.
+    let padded = burn_dist::cuda_pads_rows(&[64, 96], 4);
+    match read_back(device, [64, 96], 0..64, true) {
+        Ok(()) => passed.push("padded [64, 96] via the reducer's copy".into()),
+        Err(e) => failures.push(format!("padded [64, 96]: {e}")),
+    }
+    drop(ctx);
+    let fields = json!({
+        "cases": passed,
+        "padded_64x96_predicted": padded,
+    });
+    if failures.is_empty() {
+        (Status::Pass, fields)
+    } else {
+        let mut fields = fields;
+        fields["error"] = json!(failures.join("; "));
+        (Status::Fail, fields)
+    }
+}
 
-/// Reads tensors back through the address the reducer would give NCCL.
-fn addresses(device: &CudaDevice) -> Result<Fields, String> {
-    let ctx = cudarc::driver::CudaContext::new(device.index).map_err(|e| format!("{e:?}"))?;
-    ctx.bind_to_thread().map_err(|e| format!("{e:?}"))?;
-    let (rows, cols) = (64usize, 96usize);
-    let values: Vec<f32> = (0..rows * cols).map(|i| i as f32 * 0.5 - 7.0).collect();
+/// Uploads a `shape` f32 tensor of known values, slices `rows`, and compares the memory at the
+/// address the reducer would hand NCCL with the values. `copy`: through the reducer's private
+/// contiguous copy (a padded tensor is not contiguous); else the view must be contiguous.
+fn read_back(
+    device: &CudaDevice,
+    shape: [usize; 2],
+    rows: std::ops::Range<usize>,
+    copy: bool,
+) -> Result<(), String> {
+    let [height, cols] = shape;
+    let values: Vec<f32> = (0..height * cols).map(|i| i as f32 * 0.5 - 7.0).collect();
     let whole = Tensor::<CudaBackend, 2>::from_data(
-        burn::tensor::TensorData::new(values.clone(), [rows, cols]),
+        burn::tensor::TensorData::new(values.clone(), shape),
         device,
     );
-    let mut cases = Vec::new();
-    for range in [0..rows, 5..21, 63..64] {
-        let view = whole.clone().slice([range.clone()]);
-        let primitive = view.into_primitive().tensor();
-        if !primitive.is_contiguous() {
-            return Err(format!("rows {range:?}: the view is not contiguous"));
-        }
-        let (address, _keep) = burn_dist::device_address(&primitive)?;
-        <CudaBackend as Backend>::sync(device).map_err(|e| format!("{e:?}"))?;
-        let mut read = vec![0f32; range.len() * cols];
-        // SAFETY: the address is the start of `range.len() * cols` live f32 (kept by `_keep`);
-        // the context of the device is current on this thread.
-        unsafe { cudarc::driver::result::memcpy_dtoh_sync(&mut read, address) }
-            .map_err(|e| format!("rows {range:?}: cuMemcpyDtoH from {address:#x}: {e:?}"))?;
-        let expected = &values[range.start * cols..range.end * cols];
-        if read != expected {
-            let first = read
-                .iter()
-                .zip(expected)
-                .position(|(a, b)| a != b)
-                .unwrap_or(0);
+    let view = whole.slice([rows.clone()]).into_primitive().tensor();
+    let strides = view.meta.strides().to_vec();
+    let primitive = if copy {
+        if view.is_contiguous() {
             return Err(format!(
-                "rows {range:?}: the memory at {address:#x} holds {} at element {first}, the \
-                 tensor {}",
-                read[first], expected[first]
+                "expected padded rows, but strides {strides:?} are contiguous"
             ));
         }
-        cases.push(format!("rows {}..{}", range.start, range.end));
+        burn_dist::contiguous_copy(view)
+    } else {
+        view
+    };
+    if !primitive.is_contiguous() {
+        return Err(format!("not contiguous: strides {strides:?}"));
     }
-    Ok(json!({ "cases": cases }))
+    let (address, _keep) = burn_dist::device_address(&primitive)?;
+    <CudaBackend as Backend>::sync(device).map_err(|e| format!("{e:?}"))?;
+    let mut read = vec![0f32; rows.len() * cols];
+    // SAFETY: the address is the start of `rows.len() * cols` live f32 (kept by `_keep`); the
+    // context of the device is current on this thread.
+    unsafe { cudarc::driver::result::memcpy_dtoh_sync(&mut read, address) }
+        .map_err(|e| format!("cuMemcpyDtoH from {address:#x}: {e:?}"))?;
+    let expected = &values[rows.start * cols..rows.end * cols];
+    match read.iter().zip(expected).position(|(a, b)| a != b) {
+        None => Ok(()),
+        Some(first) => Err(format!(
+            "the memory at {address:#x} holds {} at element {first}, the tensor {}",
+            read[first], expected[first]
+        )),
+    }
 }
 
 /// Parameters whose gradients are not plain private tensors.
@@ -171,12 +231,20 @@ struct Views<B: Backend> {
     /// Added together: one gradient for both.
     p1: Param<Tensor<B, 2>>,
     p2: Param<Tensor<B, 2>>,
+    /// Rows of `PADDED` f32 (384 bytes), which cubecl-cuda pads to 512.
+    q: Param<Tensor<B, 2>>,
 }
 
 impl Views<B> {
+    /// 128 f32 = 512-byte rows: not padded, so only the transposed view and the shared
+    /// gradient are copied.
     const ROWS: usize = 16;
-    const IN: usize = 32;
-    const OUT: usize = 48;
+    const IN: usize = 128;
+    const OUT: usize = 128;
+    const PADDED: usize = 96;
+    /// The transposed one, one of the pair, the padded one.
+    const COPIES: u64 = 3;
+    const PITCHED_COPIES: u64 = 1;
 
     fn new(device: &CudaDevice) -> Self {
         let param = |shape: [usize; 2], seed: u64| {
@@ -190,16 +258,17 @@ impl Views<B> {
             a: param([Self::OUT, Self::IN], 1),
             p1: param([Self::ROWS, Self::OUT], 2),
             p2: param([Self::ROWS, Self::OUT], 3),
+            q: param([Self::ROWS, Self::PADDED], 5),
         }
     }
 
     fn loss(&self, x: Tensor<B, 2>) -> Tensor<B, 1> {
         let y = x.matmul(self.a.val().transpose()) + self.p1.val() + self.p2.val();
-        y.powi_scalar(2).mean()
+        y.powi_scalar(2).mean() + self.q.val().powi_scalar(2).mean()
     }
 }
 
-fn views(ddp: &mut Ddp, device: &CudaDevice) -> Result<(crate::report::Status, Fields), String> {
+fn views(ddp: &mut Ddp, device: &CudaDevice) -> Result<(Status, Fields), String> {
     let model = ddp.prepare(Views::new(device)).map_err(|e| e.to_string())?;
     let plain = Views::new(device);
     let x = Tensor::<B, 2>::from_data(
@@ -209,12 +278,14 @@ fn views(ddp: &mut Ddp, device: &CudaDevice) -> Result<(crate::report::Status, F
         ),
         device,
     );
-    let copies_before = burn_dist::private_copies();
+    let before = ddp.stats();
     let grads = ddp
         .backward(model.loss(x.clone()), &model)
         .map_err(|e| e.to_string())?
         .ok_or("no gradients after a backward without accumulation")?;
-    let copies = burn_dist::private_copies() - copies_before;
+    let after = ddp.stats();
+    let copies = after.private_copies - before.private_copies;
+    let pitched = after.pitched_copies - before.pitched_copies;
     let synced = flat_gradients(&model, &grads);
     let reference = flat_gradients(
         &plain,
@@ -230,21 +301,27 @@ fn views(ddp: &mut Ddp, device: &CudaDevice) -> Result<(crate::report::Status, F
     } else {
         f64::INFINITY
     };
+    // The counts say whether each copy path ran; the gradients say whether it is right. A
+    // count off the expected one is reported, not failed: it is Burn's gradient layout, not
+    // the reducer, that differs from the prediction.
     let fields = json!({
         "private_copies": copies,
-        "private_copies_expected": 2,
+        "private_copies_expected": Views::COPIES,
+        "pitched_copies": pitched,
+        "pitched_copies_expected": Views::PITCHED_COPIES,
+        "copies_as_expected": copies == Views::COPIES && pitched == Views::PITCHED_COPIES,
         "grads_bitwise_equal": bitwise,
         "grads_relative_error": error,
     });
     if error <= TOLERANCE {
-        Ok((crate::report::Status::Pass, fields))
+        Ok((Status::Pass, fields))
     } else {
         let mut fields = fields;
         fields["error"] = json!(format!(
             "the gradients after Ddp::backward differ from the plain ones by {error:.3e} \
              (relative; at most {TOLERANCE:e})"
         ));
-        Ok((crate::report::Status::Fail, fields))
+        Ok((Status::Fail, fields))
     }
 }
 
@@ -273,10 +350,12 @@ pub(crate) fn join(device: &CudaDevice, config: DdpConfig) -> Result<Ddp, String
 
 type Fields = serde_json::Value;
 
+/// The timed comparison; writes `ddp-step/warmup` as soon as the warm-up steps are done.
 fn measure(
-    mut ddp: Ddp,
+    report: &mut Report,
+    ddp: &mut Ddp,
     device: &CudaDevice,
-) -> Result<(crate::report::Status, Fields, Models), String> {
+) -> Result<(Status, Fields), String> {
     if !ddp.reduces_on_device() {
         return Err("the Ddp built with NCCL does not reduce on the device".into());
     }
@@ -300,8 +379,25 @@ fn measure(
     }
     sync()?;
     let warmup_s = started.elapsed().as_secs_f64();
+    // Every parameter of the block has rank 1 or rows of a multiple of 512 bytes: none padded.
+    let padded_params = ddp
+        .params()
+        .iter()
+        .filter(|p| burn_dist::cuda_pads_rows(&p.shape, p.dtype.size()))
+        .count();
+    report.pass(
+        "ddp-step/warmup",
+        json!({
+            "warmup_steps": WARMUP,
+            "warmup_s": warmup_s,
+            "parameters": ddp.params().iter().map(|p| p.numel()).sum::<usize>(),
+            "buckets": buckets,
+            "padded_params_predicted": padded_params,
+        }),
+    );
     let syncs_before = ddp.device_syncs();
-    let backwards_before = ddp.stats().backwards;
+    let stats_before = ddp.stats();
+    let backwards_before = stats_before.backwards;
 
     let mut plain_ms = Vec::with_capacity(ROUNDS);
     let mut ddp_ms = Vec::with_capacity(ROUNDS);
@@ -331,7 +427,9 @@ fn measure(
     }
     let timed_steps = (ROUNDS * STEPS_PER_ROUND) as u64;
     let syncs_per_step = (ddp.device_syncs() - syncs_before) as f64 / timed_steps as f64;
-    let backwards = ddp.stats().backwards - backwards_before;
+    let stats = ddp.stats();
+    let backwards = stats.backwards - backwards_before;
+    let per_step = |count: u64| count as f64 / timed_steps as f64;
 
     let plain = float_params::<B, _>(&plain_model);
     let synced = float_params::<B, _>(&ddp_model);
@@ -359,14 +457,16 @@ fn measure(
         "overhead_target": 0.03,
         "overhead_met": overhead <= 0.03,
         "compute_syncs_per_step": syncs_per_step,
+        "private_copies_per_step": per_step(stats.private_copies - stats_before.private_copies),
+        "pitched_copies_per_step": per_step(stats.pitched_copies - stats_before.pitched_copies),
+        "padded_params_predicted": padded_params,
         "hooked_backwards": backwards,
         "params_bitwise_equal": bitwise,
         "params_relative_error": error,
     });
     let ok = backwards == timed_steps && error <= TOLERANCE && error.is_finite();
-    let models = (ddp, ddp_model, plain_model);
     if ok {
-        Ok((crate::report::Status::Pass, fields, models))
+        Ok((Status::Pass, fields))
     } else {
         let mut fields = fields;
         fields["error"] = json!(format!(
@@ -374,15 +474,17 @@ fn measure(
              at most {TOLERANCE:e} expected) or the reducer saw {backwards} of {timed_steps} \
              backwards"
         ));
-        Ok((crate::report::Status::Fail, fields, models))
+        Ok((Status::Fail, fields))
     }
 }
 
-/// ZeRO-2 on the device path at world size 1: the shard is every reduced gradient.
-fn zero2(
-    (mut ddp, ddp_model, plain_model): Models,
-    device: &CudaDevice,
-) -> Result<(crate::report::Status, Fields), String> {
+/// ZeRO-2 on the device path at world size 1, on a fresh pair of models: the shard is every
+/// reduced gradient.
+fn zero2(ddp: &mut Ddp, device: &CudaDevice) -> Result<(Status, Fields), String> {
+    let ddp_model = ddp
+        .prepare(CONFIG.model::<B>(device))
+        .map_err(|e| e.to_string())?;
+    let plain_model: TransformerBlock<B> = CONFIG.model::<B>(device);
     let numels: Vec<usize> = ddp.params().iter().map(|p| p.numel()).collect();
     let flat = FlatLayout::new(&numels, 1, 4);
     ddp.shard_gradients(flat.clone())
@@ -425,7 +527,7 @@ fn zero2(
         "gradient_elements_held": ddp.gradient_elements_held(),
     });
     if error <= TOLERANCE && used == numels.len() {
-        Ok((crate::report::Status::Pass, fields))
+        Ok((Status::Pass, fields))
     } else {
         let mut fields = fields;
         fields["error"] = json!(format!(
@@ -433,7 +535,7 @@ fn zero2(
              {TOLERANCE:e}), or {used} of {} parameters were seen as used",
             numels.len()
         ));
-        Ok((crate::report::Status::Fail, fields))
+        Ok((Status::Fail, fields))
     }
 }
 

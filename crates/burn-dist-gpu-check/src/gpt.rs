@@ -38,7 +38,7 @@ const WARMUP: usize = 3;
 const PEAK_FLOPS: f64 = 989e12;
 
 /// One configuration of our stack.
-struct Variant {
+pub struct Variant {
     check: &'static str,
     /// gpt-pretrain flags that differ between the variants.
     flags: &'static [&'static str],
@@ -48,7 +48,7 @@ struct Variant {
     optimizer: &'static str,
 }
 
-const VARIANTS: [Variant; 2] = [
+pub const VARIANTS: [Variant; 2] = [
     Variant {
         check: "gpt/burn-dist",
         flags: &["--optimizer", "adamw"],
@@ -65,12 +65,16 @@ const VARIANTS: [Variant; 2] = [
     },
 ];
 
-pub fn run(report: &mut Report, options: &Options) {
+/// Runs `variants` one after the other (run.sh runs each under its own limit: `gpt-f32`,
+/// `gpt-bf16`).
+pub fn run(report: &mut Report, options: &Options, variants: &[Variant]) {
     if let Err(e) = check_cuda_runtime() {
-        report.fail(VARIANTS[0].check, e, json!({}));
+        for variant in variants {
+            report.fail(variant.check, &e, json!({}));
+        }
         return;
     }
-    for variant in &VARIANTS {
+    for variant in variants {
         match guarded(|| measure(variant, options.device)) {
             Ok(Ok(fields)) => report.pass(variant.check, fields),
             Ok(Err(e)) | Err(e) => report.fail(variant.check, e, json!({})),

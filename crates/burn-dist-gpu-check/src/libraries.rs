@@ -21,3 +21,40 @@ pub fn check_cuda_runtime() -> Result<(), String> {
     }
     Ok(())
 }
+
+/// NVRTC's and the driver's CUDA versions as this binary loads them, for `run.sh`: one line
+/// `nvrtc=13.0 driver=13.0`, with `none` for a library that does not load and `stub` for a
+/// libcuda that is the toolkit's stub (`CUDA_ERROR_STUB_LIBRARY`). A newer NVRTC than the
+/// driver writes PTX the driver cannot load, so `run.sh` stops the kernel checks then.
+pub fn versions() -> String {
+    format!("nvrtc={} driver={}", nvrtc_version(), driver_version())
+}
+
+fn nvrtc_version() -> String {
+    use cudarc::nvrtc::sys;
+    // SAFETY: only tries to open the candidate libraries.
+    if !unsafe { sys::is_culib_present() } {
+        return "none".into();
+    }
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: two valid out-pointers; NVRTC needs no initialisation.
+    match unsafe { sys::nvrtcVersion(&mut major, &mut minor) } {
+        sys::nvrtcResult::NVRTC_SUCCESS => format!("{major}.{minor}"),
+        other => format!("error:{other:?}"),
+    }
+}
+
+fn driver_version() -> String {
+    use cudarc::driver::sys;
+    // SAFETY: only tries to open the candidate libraries.
+    if !unsafe { sys::is_culib_present() } {
+        return "none".into();
+    }
+    let mut version = 0;
+    // SAFETY: a valid out-pointer; cuDriverGetVersion may be called before cuInit.
+    match unsafe { sys::cuDriverGetVersion(&mut version) } {
+        sys::CUresult::CUDA_SUCCESS => format!("{}.{}", version / 1000, version % 1000 / 10),
+        sys::CUresult::CUDA_ERROR_STUB_LIBRARY => "stub".into(),
+        other => format!("error:{other:?}"),
+    }
+}

@@ -5,12 +5,14 @@
 //!   nccl-w1     NcclCommunicator at world size 1 through a loopback TCP store: every
 //!               collective x dtype (f32, f16, bf16, u8) against the host reference
 //!   kernels     burn-dist-kernels' kernel checks on cubecl's CUDA runtime, bf16 included
-//!   fused-step  the fused ZeroAdam step at --elements (default 2^30) f32 parameters, timed,
+//!   fused-step  the fused ZeroAdam step at --elements (default 2^28) f32 parameters, timed,
 //!               next to a device copy and Burn's stock AdamW on burn-cuda
 //!   ddp-step    a transformer training step with the in-place NCCL reducer at world size 1
 //!               against the same backend unsynchronized: overhead, parameters equal
-//!   gpt         GPT-2 124M training steps with our stack (tokens/s, MFU), for the
+//!   gpt-f32     GPT-2 124M training steps with our stack in f32 (tokens/s, MFU), for the
 //!               comparison with gpt2_torch.py
+//!   gpt-bf16    the same in bf16 with ZeroAdam on the GPU (gpt: both, one after the other)
+//!   versions    NVRTC's and the driver's CUDA versions as loaded (for run.sh), one line
 //! ```
 //!
 //! Every result is one JSON line appended to `--out` (default `gpu-check.jsonl`) as soon as it
@@ -37,17 +39,25 @@ mod libraries;
 mod nccl_w1;
 
 const USAGE: &str = "\
-usage: burn-dist-gpu-check <nccl-w1 | kernels | fused-step | ddp-step | gpt> [--out FILE] [--device N] [--elements N]
+usage: burn-dist-gpu-check <nccl-w1 | kernels | fused-step | ddp-step | gpt-f32 | gpt-bf16 | gpt | versions>
+           [--out FILE] [--device N] [--elements N]
 
   nccl-w1     NCCL communicator at world size 1 (loopback store), every collective x dtype
   kernels     the fused-kernel checks on the CUDA runtime, bf16 included
-  fused-step  timing of the fused step at --elements f32 (default 1073741824) vs copy and
+  fused-step  timing of the fused step at --elements f32 (default 268435456) vs copy and
               Burn's AdamW
   ddp-step    transformer step with the in-place NCCL reducer (world size 1) vs without:
               overhead, and the parameters agree
-  gpt         GPT-2 124M training steps with our stack: tokens/s and MFU
+  gpt-f32     GPT-2 124M training steps with our stack, f32: tokens/s and MFU
+  gpt-bf16    the same, bf16 parameters and ZeroAdam on the GPU (gpt: both)
+  versions    prints nvrtc=X.Y driver=X.Y as this binary loads them (none, stub)
 
 Results: one JSON line per result, appended to --out (default gpu-check.jsonl).";
+
+/// The fused step's default size: 2^28 f32 (10 GB moved per step, far past the caches). At
+/// 2^30 the host-side set-up (random state tiled to the length, then uploaded) took most of
+/// the check's limit and left no time for Burn's AdamW line.
+const DEFAULT_ELEMENTS: usize = 1 << 28;
 
 /// Command-line options shared by the checks.
 #[derive(Debug, Clone)]
@@ -63,7 +73,7 @@ fn parse(args: &[String]) -> Result<(String, Options), String> {
     let mut options = Options {
         out: "gpu-check.jsonl".into(),
         device: 0,
-        elements: 1 << 30,
+        elements: DEFAULT_ELEMENTS,
     };
     let mut rest = args[1..].iter();
     while let Some(flag) = rest.next() {
@@ -106,6 +116,10 @@ fn run(check: &str, _options: &Options) -> ExitCode {
 
 #[cfg(feature = "cuda")]
 fn run(check: &str, options: &Options) -> ExitCode {
+    if check == "versions" {
+        println!("{}", libraries::versions());
+        return ExitCode::SUCCESS;
+    }
     let mut report = match report::Report::open(&options.out) {
         Ok(report) => report,
         Err(e) => {
@@ -121,7 +135,9 @@ fn run(check: &str, options: &Options) -> ExitCode {
         "kernels" => kernels::run(&mut report, options),
         "fused-step" => fused_step::run(&mut report, options),
         "ddp-step" => ddp_step::run(&mut report, options),
-        "gpt" => gpt::run(&mut report, options),
+        "gpt" => gpt::run(&mut report, options, &gpt::VARIANTS),
+        "gpt-f32" => gpt::run(&mut report, options, &gpt::VARIANTS[..1]),
+        "gpt-bf16" => gpt::run(&mut report, options, &gpt::VARIANTS[1..]),
         other => {
             eprintln!("burn-dist-gpu-check: unknown check {other:?}\n{USAGE}");
             return ExitCode::from(2);

@@ -52,6 +52,9 @@ pub(crate) struct DeviceStore {
     grads: Vec<Option<CudaTensor>>,
     /// Host synchronizations of the compute stream (one per launch).
     pub(crate) syncs: u64,
+    /// Gradients copied before their in-place reduction (by the hook, or at launch for a
+    /// window's sum or a cast that came out with padded rows).
+    pub(crate) copies: CopyCounts,
 }
 
 impl DeviceStore {
@@ -62,6 +65,7 @@ impl DeviceStore {
             dtypes: Vec::new(),
             grads: Vec::new(),
             syncs: 0,
+            copies: CopyCounts::default(),
         }
     }
 
@@ -77,13 +81,16 @@ impl DeviceStore {
         self.grads = (0..params).map(|_| None).collect();
     }
 
-    /// The gradient of parameter `p` arrived (`accumulate`: add it to the window's sum).
+    /// The gradient of parameter `p` arrived (`accumulate`: add it to the window's sum);
+    /// `copied`: why the hook copied it, if it did.
     pub(crate) fn put(
         &mut self,
         p: usize,
         grad: CudaTensor,
+        copied: Option<CopyReason>,
         accumulate: bool,
     ) -> Result<(), DistError> {
+        self.copies.record(copied);
         let dtype = *self.dtypes.get(p).ok_or_else(|| {
             DistError::Usage(format!(
                 "parameter #{p} has no registered dtype on the NCCL reducer"
@@ -121,7 +128,17 @@ impl DeviceStore {
             for &p in &bucket.params {
                 let dtype = self.dtypes[p];
                 let tensor = match self.grads[p].take() {
-                    Some(grad) if written[p] => burn_cubecl::kernel::into_contiguous(grad),
+                    // A window's sum or a cast is a new kernel output: its rows may be padded.
+                    Some(grad) if written[p] && !grad.is_contiguous() => {
+                        self.copies.record(copy_reason(
+                            true,
+                            false,
+                            grad.meta.shape(),
+                            grad.meta.strides(),
+                        ));
+                        contiguous_copy(grad)
+                    }
+                    Some(grad) if written[p] => grad,
                     _ => Cube::float_zeros(Shape::new([numels[p]]), &self.device, dtype.into()),
                 };
                 if numels[p] == 0 {
@@ -316,34 +333,126 @@ fn nccl_dtype(dtype: DType, p: usize) -> Result<burn_dist_comm::DType, DistError
     })
 }
 
-/// The gradient behind `target` as a tensor the reducer may reduce in place: the container's
-/// own tensor when nothing else holds its memory and it is contiguous, else a contiguous copy
-/// that replaces it in the container. `None` when the inner backend is not burn-cuda without
-/// fusion.
+/// The gradient behind `target` as a tensor the reducer may reduce in place, and why it was
+/// copied if it was: the container's own tensor when nothing else holds its memory and it is
+/// contiguous, else a contiguous copy that replaces it in the container. `None` when the inner
+/// backend is not burn-cuda without fusion.
 ///
 /// # Safety
 ///
 /// `target` points into Burn's live gradient container, at a final gradient.
-pub(crate) unsafe fn in_place_gradient<T: Any>(target: *mut T) -> Option<CudaTensor> {
+pub(crate) unsafe fn in_place_gradient<T: Any>(
+    target: *mut T,
+) -> Option<(CudaTensor, Option<CopyReason>)> {
     // SAFETY: as the caller promised.
     let entry = unsafe { &mut *target } as &mut dyn Any;
     let tensor = entry.downcast_mut::<CudaTensor>()?;
-    if !(tensor.can_mut() && tensor.is_contiguous()) {
-        // Shared memory (another tensor, or a later backward step, reads it) or a strided
-        // view: reduce a private contiguous copy instead, and let the container hold it.
-        *tensor = burn_cubecl::kernel::into_contiguous(tensor.copy());
-        PRIVATE_COPIES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let reason = copy_reason(
+        tensor.can_mut(),
+        tensor.is_contiguous(),
+        tensor.meta.shape(),
+        tensor.meta.strides(),
+    );
+    if reason.is_some() {
+        // Shared memory (another tensor, or a later backward step, reads it), a strided view or
+        // padded rows: reduce a private contiguous copy instead, and let the container hold it.
+        *tensor = contiguous_copy(tensor.clone());
     }
-    Some(tensor.clone())
+    Some((tensor.clone(), reason))
 }
 
-static PRIVATE_COPIES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-
-/// How many gradients this process has copied before reducing them in place, because their
-/// memory was shared or they were not contiguous (for the device check).
+/// A copy of `tensor` in new memory, row-major without padding: cubecl's `into_contiguous`
+/// always allocates unpadded memory, where `CubeTensor::copy` would allocate padded rows again
+/// (and `burn_cubecl::kernel::into_contiguous` returns a contiguous tensor as it is). What the
+/// reducer reduces instead of a gradient it cannot reduce where it is; public for the device
+/// check.
 #[doc(hidden)]
-pub fn private_copies() -> u64 {
-    PRIVATE_COPIES.load(std::sync::atomic::Ordering::Relaxed)
+pub fn contiguous_copy(tensor: CudaTensor) -> CudaTensor {
+    let (client, device, dtype) = (tensor.client.clone(), tensor.device.clone(), tensor.dtype);
+    let output =
+        burn_cubecl::cubecl::std::tensor::into_contiguous(&client, tensor.binding(), dtype.into());
+    CudaTensor::new(client, output.handle, *output.metadata, device, dtype)
+}
+
+/// Why the device path copied a gradient before reducing it in place.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CopyReason {
+    /// Its memory is shared (another tensor or a later backward step reads it).
+    Shared,
+    /// A private tensor whose rows cubecl-cuda's allocator padded (see [`cuda_pads_rows`]).
+    Pitched,
+    /// Another strided layout: a transposed or broadcast view, a slice.
+    Strided,
+}
+
+/// Gradients the device path copied before reducing them in place (in the reducer's stats).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct CopyCounts {
+    /// Every copy, whatever the reason.
+    pub(crate) private: u64,
+    /// Those of private gradients whose rows cubecl-cuda had padded.
+    pub(crate) pitched: u64,
+}
+
+impl CopyCounts {
+    /// Counts a gradient copied for `reason` (nothing for `None`: reduced where it was).
+    pub(crate) fn record(&mut self, reason: Option<CopyReason>) {
+        if let Some(reason) = reason {
+            self.private += 1;
+            if reason == CopyReason::Pitched {
+                self.pitched += 1;
+            }
+        }
+    }
+}
+
+/// Why a gradient with this memory and layout must be copied before an in-place reduction;
+/// `None` when it can be reduced where it is (unique and contiguous).
+pub(crate) fn copy_reason(
+    unique: bool,
+    contiguous: bool,
+    shape: &[usize],
+    strides: &[usize],
+) -> Option<CopyReason> {
+    match (unique, contiguous) {
+        (true, true) => None,
+        (false, _) => Some(CopyReason::Shared),
+        (true, false) if is_pitched(shape, strides) => Some(CopyReason::Pitched),
+        (true, false) => Some(CopyReason::Strided),
+    }
+}
+
+/// The row alignment, in bytes, of cubecl-cuda 0.10's allocator (`mem_alignment` in its
+/// `runtime.rs`, what `cuMemAllocPitch` returns), to which `PitchedMemoryLayoutPolicy` pads rows.
+pub const CUDA_ROW_ALIGNMENT: usize = 512;
+
+/// Whether `strides` is a padded-rows layout of `shape`: row-major, except that each row (the
+/// last dimension) is followed by padding, as cubecl-runtime's `PitchedMemoryLayoutPolicy` lays
+/// out the tensors cubecl-cuda creates (`create_tensor`, `empty_tensor`: kernel outputs too).
+fn is_pitched(shape: &[usize], strides: &[usize]) -> bool {
+    let rank = shape.len();
+    rank >= 2
+        && strides.len() == rank
+        && strides[rank - 1] == 1
+        && strides[rank - 2] > shape[rank - 1]
+        && (0..rank - 2).all(|i| strides[i] == strides[i + 1] * shape[i + 1])
+}
+
+/// Whether cubecl-cuda 0.10 pads the rows of a new tensor of `shape` with elements of
+/// `elem_size` bytes, which makes it non-contiguous and so costs the in-place reducer a private
+/// copy of its gradient. A row of `width × elem_size` bytes is padded to a multiple of
+/// `min(512, its next power of two)` (at least 16): rows of a multiple of 512 bytes, of a power
+/// of two of at least 16 bytes, or of one element are not padded; nor is a tensor of rank 1.
+pub fn cuda_pads_rows(shape: &[usize], elem_size: usize) -> bool {
+    let Some((&width, rows)) = shape.split_last() else {
+        return false;
+    };
+    if rows.is_empty() || width <= 1 {
+        return false;
+    }
+    let bytes = width * elem_size;
+    let align = bytes.next_power_of_two().clamp(16, CUDA_ROW_ALIGNMENT);
+    !bytes.is_multiple_of(align)
 }
 
 /// Puts a reduced gradient into the container entry `target`.
@@ -375,6 +484,106 @@ mod tests {
         );
         // SAFETY: a live tensor.
         assert!(unsafe { in_place_gradient(&mut grad as *mut _) }.is_none());
+    }
+
+    /// The layout cubecl-cuda 0.10 gives a new tensor: its server's own `MemoryLayoutPolicy`
+    /// (cubecl-runtime's `PitchedMemoryLayoutPolicy`) at the runtime's 512-byte alignment.
+    fn cuda_strides(shape: &[usize], elem_size: usize) -> Vec<usize> {
+        use burn_cubecl::cubecl::Runtime;
+        use burn_cubecl::cubecl::server::{
+            ComputeServer, MemoryLayoutDescriptor, MemoryLayoutPolicy,
+        };
+        type Policy = <<CudaRuntime as Runtime>::Server as ComputeServer>::MemoryLayoutPolicy;
+        let descriptor = MemoryLayoutDescriptor::optimized(shape.to_vec().into(), elem_size);
+        // cubecl-cuda 0.10's `runtime.rs` creates its policy with `mem_alignment = 512`.
+        let (_, layouts) = Policy::new(512).apply(
+            burn_cubecl::cubecl::stream_id::StreamId::current(),
+            &[descriptor],
+        );
+        layouts[0].strides.to_vec()
+    }
+
+    fn row_major(shape: &[usize]) -> Vec<usize> {
+        let mut strides = vec![1; shape.len()];
+        for i in (0..shape.len().saturating_sub(1)).rev() {
+            strides[i] = strides[i + 1] * shape[i + 1];
+        }
+        strides
+    }
+
+    /// `cuda_pads_rows` predicts exactly which shapes cubecl-cuda's allocator pads, and every
+    /// padded layout is recognized as such (a `Pitched` copy, not a `Strided` one).
+    #[test]
+    fn padded_rows_are_predicted_and_recognized_as_cubecl_lays_them_out() {
+        let widths = (1..=300).chain([384, 511, 512, 513, 768, 1000, 1024, 3072, 50257, 50304]);
+        let mut padded = 0;
+        for width in widths {
+            for leading in [&[][..], &[1], &[3], &[64], &[2, 5]] {
+                for elem_size in [2, 4] {
+                    let shape: Vec<usize> = leading.iter().copied().chain([width]).collect();
+                    let strides = cuda_strides(&shape, elem_size);
+                    let contiguous = strides == row_major(&shape);
+                    assert_eq!(
+                        cuda_pads_rows(&shape, elem_size),
+                        !contiguous,
+                        "{shape:?} of {elem_size} B: cubecl gives strides {strides:?}"
+                    );
+                    let reason = copy_reason(true, contiguous, &shape, &strides);
+                    if contiguous {
+                        assert_eq!(reason, None, "{shape:?}");
+                    } else {
+                        padded += 1;
+                        assert_eq!(reason, Some(CopyReason::Pitched), "{shape:?} {strides:?}");
+                    }
+                }
+            }
+        }
+        assert!(
+            padded > 1000,
+            "the shapes tried include padded ones: {padded}"
+        );
+        // The case: [64, 96] f32 has 384-byte rows, padded to 512.
+        assert_eq!(cuda_strides(&[64, 96], 4), [128, 1]);
+        // Rows of a multiple of 512 bytes, or of a power of two, are not padded.
+        for (shape, elem_size) in [([64, 128], 4), ([64, 256], 2), ([7, 64], 4), ([3, 768], 4)] {
+            assert!(!cuda_pads_rows(&shape, elem_size), "{shape:?}");
+        }
+    }
+
+    /// Shared memory and strided views are copied for their own reason; a unique contiguous
+    /// gradient is not copied; the counts add up per reason.
+    #[test]
+    fn copies_are_counted_by_reason() {
+        let mut counts = CopyCounts::default();
+        let transposed = copy_reason(true, false, &[96, 64], &[1, 96]);
+        let broadcast = copy_reason(true, false, &[16, 128], &[0, 1]);
+        let shared = copy_reason(false, true, &[16, 128], &[128, 1]);
+        let shared_padded = copy_reason(false, false, &[64, 96], &[128, 1]);
+        let padded = copy_reason(true, false, &[64, 96], &[128, 1]);
+        let in_place = copy_reason(true, true, &[16, 128], &[128, 1]);
+        assert_eq!(transposed, Some(CopyReason::Strided));
+        assert_eq!(broadcast, Some(CopyReason::Strided));
+        assert_eq!(shared, Some(CopyReason::Shared));
+        assert_eq!(shared_padded, Some(CopyReason::Shared));
+        assert_eq!(padded, Some(CopyReason::Pitched));
+        assert_eq!(in_place, None);
+        for reason in [
+            transposed,
+            broadcast,
+            shared,
+            shared_padded,
+            padded,
+            in_place,
+        ] {
+            counts.record(reason);
+        }
+        assert_eq!(
+            counts,
+            CopyCounts {
+                private: 5,
+                pitched: 1
+            }
+        );
     }
 
     /// The pieces each ZeRO-2 call reduces to its owner are exactly the flat layout's pieces of

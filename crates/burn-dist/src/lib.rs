@@ -67,6 +67,9 @@ pub type CudaBackend = cuda::Cube;
 /// Its device (the same type as `burn_cuda::CudaDevice`).
 #[cfg(feature = "cuda")]
 pub use burn_cubecl::cubecl::cuda::CudaDevice;
+/// Which gradient shapes cubecl-cuda pads (each costs the NCCL reducer a private copy).
+#[cfg(feature = "cuda")]
+pub use cuda::{CUDA_ROW_ALIGNMENT, cuda_pads_rows};
 #[cfg(feature = "cuda")]
 #[doc(hidden)]
-pub use cuda::{device_address, private_copies};
+pub use cuda::{contiguous_copy, device_address};

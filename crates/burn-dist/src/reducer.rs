@@ -53,6 +53,13 @@ pub struct ReducerStats {
     /// whole bucket after an all-reduce, only this rank's own segment of it after ZeRO-2's
     /// reduce-scatter (which is how a test sees that no rank receives another's shard).
     pub reduced_elements_received: u64,
+    /// Device path: gradients copied before their in-place reduction, because their memory
+    /// was shared, they were a strided view, or cubecl-cuda had padded their rows.
+    pub private_copies: u64,
+    /// Device path: of `private_copies`, those of private gradients whose only fault was
+    /// padded rows (cubecl-cuda pads rows that are not a multiple of 512 bytes, nor a power of
+    /// two below that: `burn_dist::cuda_pads_rows` says which shapes).
+    pub pitched_copies: u64,
 }
 
 /// What the reducer tells a test observer.
@@ -100,9 +107,12 @@ enum InFlight {
 pub(crate) enum Incoming<'a> {
     /// Read to the host and flattened to f32 (host path).
     Host(&'a [f32]),
-    /// The gradient tensor itself (device path).
+    /// The gradient tensor itself (device path), and why the hook copied it if it did.
     #[cfg(feature = "cuda")]
-    Device(Box<crate::cuda::CudaTensor>),
+    Device(
+        Box<crate::cuda::CudaTensor>,
+        Option<crate::cuda::CopyReason>,
+    ),
 }
 
 impl Incoming<'_> {
@@ -110,7 +120,7 @@ impl Incoming<'_> {
         match self {
             Incoming::Host(values) => values.len(),
             #[cfg(feature = "cuda")]
-            Incoming::Device(tensor) => {
+            Incoming::Device(tensor, _) => {
                 burn_backend::TensorMetadata::shape(tensor.as_ref()).num_elements()
             }
         }
@@ -376,7 +386,17 @@ impl Reducer {
     }
 
     pub fn stats(&self) -> ReducerStats {
-        self.stats.clone()
+        // The device store counts its own copies (the hook's and the launch's).
+        let (private_copies, pitched_copies) = match &self.store {
+            Store::Host(_) => (0, 0),
+            #[cfg(feature = "cuda")]
+            Store::Device(device) => (device.copies.private, device.copies.pitched),
+        };
+        ReducerStats {
+            private_copies,
+            pitched_copies,
+            ..self.stats.clone()
+        }
     }
 
     /// The index (visit order) of a marked parameter.
@@ -502,11 +522,11 @@ impl Reducer {
                 self.stats.bytes_copied += (values.len() * 4) as u64;
             }
             #[cfg(feature = "cuda")]
-            (Store::Device(device), Incoming::Device(tensor)) => {
-                device.put(p, *tensor, self.written[p])?;
+            (Store::Device(device), Incoming::Device(tensor, copied)) => {
+                device.put(p, *tensor, copied, self.written[p])?;
             }
             #[cfg(feature = "cuda")]
-            (Store::Host(_), Incoming::Device(_)) | (Store::Device(_), Incoming::Host(_)) => {
+            (Store::Host(_), Incoming::Device(..)) | (Store::Device(_), Incoming::Host(_)) => {
                 return Err(DistError::Usage(format!(
                     "parameter #{p}: its gradient was handed to the wrong reduction path (host \
                      or device); the path changed during a backward"

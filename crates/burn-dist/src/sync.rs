@@ -103,9 +103,9 @@ fn on_device_gradient<B: Backend>(
     // SAFETY: as in `on_gradient_ready`: a pointer into Burn's live container, at a final
     // gradient.
     let result = match unsafe { crate::cuda::in_place_gradient(target) } {
-        Some(tensor) => reducer.receive(
+        Some((tensor, copied)) => reducer.receive(
             params.param_id,
-            crate::reducer::Incoming::Device(Box::new(tensor)),
+            crate::reducer::Incoming::Device(Box::new(tensor), copied),
             target as usize,
         ),
         None => Err(DistError::Usage(format!(
