@@ -14,6 +14,12 @@ use crate::status::{describe, describe_signal, exit_code, signal_name};
 /// The launcher's message prefix.
 const ME: &str = "burn-dist-run";
 
+/// How long after a first failure that was an error exit the launcher waits for a rank killed
+/// by a signal to be reported (see `settle_first_failure`): far more than the kernel needs to
+/// finish tearing down a killed process, even on a loaded machine, and short next to the grace
+/// period that follows.
+const SETTLE: Duration = Duration::from_millis(500);
+
 pub enum Event {
     /// The child of local rank `index` ended (it is not reaped yet; see `waiter.rs`).
     Exited { index: usize, status: ExitStatus },
@@ -110,8 +116,12 @@ impl Supervisor {
                 self.stop(Start::Now(launcher_received(signal)));
                 break;
             }
-            if let Some(index) = self.first_failure {
-                self.announce_failure(index);
+            if self.first_failure.is_some() {
+                if let Some(signal) = self.settle_first_failure() {
+                    self.stop(Start::Now(launcher_received(signal)));
+                    break;
+                }
+                self.announce_failure(self.first_failure.expect("a failure was recorded"));
                 self.stop(Start::AfterGrace);
                 break;
             }
@@ -174,6 +184,40 @@ impl Supervisor {
             }
         }
         reported
+    }
+
+    /// Takes in the events of a short window after a first failure that was an error exit,
+    /// and names a rank found killed by a signal there instead. A rank that exits with an
+    /// error because its peer was killed can be reported before the peer's death: the kernel
+    /// closes the dead process's sockets before the process becomes waitable, and under load
+    /// the survivor can read the end of file, report it and exit in between. Returns the
+    /// signal if the launcher is signalled meanwhile.
+    fn settle_first_failure(&mut self) -> Option<i32> {
+        use std::os::unix::process::ExitStatusExt;
+        let first = self.first_failure?;
+        if self.ranks[first]
+            .status
+            .is_some_and(|s| s.signal().is_some())
+        {
+            return None;
+        }
+        let deadline = Instant::now() + SETTLE;
+        while let Some(event) = self.recv(Some(deadline)) {
+            let exited = match event {
+                Event::Exited { index, status } => Some((index, status)),
+                _ => None,
+            };
+            if let Some(signal) = self.handle(event) {
+                return Some(signal);
+            }
+            if let Some((index, status)) = exited
+                && status.signal().is_some()
+            {
+                self.first_failure = Some(index);
+                return None;
+            }
+        }
+        None
     }
 
     fn announce_failure(&self, index: usize) {
@@ -361,6 +405,8 @@ fn ranks_list<'a>(ranks: impl Iterator<Item = &'a Rank>) -> String {
 mod tests {
     use std::process::Command;
 
+    use std::os::unix::process::ExitStatusExt;
+
     use super::*;
     use crate::waiter::exit_status_without_reaping;
 
@@ -396,6 +442,30 @@ mod tests {
             index: 1,
             status: failed,
         });
+        assert_eq!(supervisor.first_failure, Some(0));
+        kill_and_reap(&mut supervisor);
+    }
+
+    /// The killed rank's death is reported only after its peer's error exit (it was not yet
+    /// waitable when that exit arrived): the settle window still names it.
+    #[test]
+    fn a_death_by_signal_reported_just_after_the_first_failure_is_named_first() {
+        let (events, receiver) = std::sync::mpsc::channel();
+        let (mut supervisor, failed) = sleeper_and_failure();
+        supervisor.events = receiver;
+        supervisor.handle(Event::Exited {
+            index: 1,
+            status: failed,
+        });
+        assert_eq!(supervisor.first_failure, Some(1), "rank 0 is still running");
+        let killed = ExitStatus::from_raw(libc::SIGKILL);
+        events
+            .send(Event::Exited {
+                index: 0,
+                status: killed,
+            })
+            .unwrap();
+        assert_eq!(supervisor.settle_first_failure(), None);
         assert_eq!(supervisor.first_failure, Some(0));
         kill_and_reap(&mut supervisor);
     }
