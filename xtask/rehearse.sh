@@ -64,6 +64,8 @@ rm -rf "$root"
 mkdir -p "$root"
 tar -C "$root" -xf "$base"
 cp /etc/resolv.conf "$root/etc/resolv.conf"
+# debootstrap writes no /etc/hosts; every installed machine has one that names localhost.
+printf '127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n' >"$root/etc/hosts"
 # The machine's trust store: where the network inspects TLS with its own authority, every
 # machine of that workplace, fresh ones included, trusts it; a bare Debian root does not.
 cp /etc/ssl/certs/ca-certificates.crt "$root/etc/ssl/certs/ca-certificates.crt"

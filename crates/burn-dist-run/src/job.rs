@@ -2,7 +2,7 @@
 //! token, turned into each child's environment.
 
 use std::ffi::OsString;
-use std::net::TcpListener;
+use std::net::{IpAddr, Ipv4Addr, TcpListener};
 use std::time::Duration;
 
 use burn_dist_comm::env::{MAX_WORLD_SIZE, resolve_master};
@@ -99,14 +99,22 @@ fn validate(args: &Args) -> Result<(), LaunchError> {
         });
     }
     // A name is resolved as the ranks will resolve it: `$(hostname)` maps to 127.0.1.1 on many
-    // distributions. A name that does not resolve is left for the ranks to report.
+    // distributions. `localhost` is loopback by definition (RFC 6761), even where no
+    // /etc/hosts says so (a bare container). Another name that does not resolve is left for
+    // the ranks to report.
+    let loopback = || {
+        if is_localhost_name(&args.master_addr) {
+            return Some(IpAddr::from(Ipv4Addr::LOCALHOST));
+        }
+        let master = resolve_master(&args.master_addr, args.master_port).ok()?;
+        master.ip().is_loopback().then_some(master.ip())
+    };
     if args.nnodes > 1
-        && let Ok(master) = resolve_master(&args.master_addr, args.master_port)
-        && master.ip().is_loopback()
+        && let Some(ip) = loopback()
     {
         return Err(LaunchError::LoopbackMasterMultiNode {
             addr: args.master_addr.clone(),
-            ip: master.ip(),
+            ip,
             nnodes: args.nnodes,
         });
     }
@@ -114,6 +122,12 @@ fn validate(args: &Args) -> Result<(), LaunchError> {
         return Err(LaunchError::MissingCommand);
     }
     Ok(())
+}
+
+/// `localhost`, or a name under it, in any case, with or without the root's trailing dot.
+fn is_localhost_name(name: &str) -> bool {
+    let name = name.trim_end_matches('.').to_ascii_lowercase();
+    name == "localhost" || name.ends_with(".localhost")
 }
 
 /// A token the user exported is passed through unchanged. A single node may mint its own; several
@@ -239,7 +253,14 @@ mod tests {
 
     #[test]
     fn several_nodes_with_a_loopback_master_are_refused_naming_the_flag() {
-        for addr in ["127.0.0.1", "127.0.1.1", "::1", "localhost"] {
+        for addr in [
+            "127.0.0.1",
+            "127.0.1.1",
+            "::1",
+            "localhost",
+            "LocalHost.",
+            "node.localhost",
+        ] {
             let cli = ["--master-addr", addr, "--nnodes", "2", "--", "x"];
             let err = Job::from_args(args(&cli), Some("t".into())).unwrap_err();
             assert!(
