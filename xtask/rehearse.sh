@@ -51,16 +51,29 @@ if [ ! -f "$base" ]; then
     rm -rf "$staging"
 fi
 
-mounts=()
-cleanup() {
-    for ((i = ${#mounts[@]} - 1; i >= 0; i--)); do
-        umount -R "${mounts[i]}" 2>/dev/null || umount -R -l "${mounts[i]}" 2>/dev/null || true
+# The root gets the host's /proc, /sys and /dev mounted inside it: nothing under it may be
+# removed while any of them is still mounted, or rm would reach into the host's /dev.
+unmount_all() {
+    local m
+    for m in $(awk -v r="$root/" 'index($2, r) == 1 {print $2}' /proc/mounts | sort -r); do
+        umount -R "$m" 2>/dev/null || umount -R -l "$m" 2>/dev/null || true
     done
-    if [ "$keep" -eq 0 ]; then rm -rf "$root"; fi
+}
+remove_root() {
+    unmount_all
+    if awk -v r="$root/" 'index($2, r) == 1 {found = 1} END {exit !found}' /proc/mounts; then
+        echo "rehearse: mounts remain under $root; not removing it (unmount them by hand)" >&2
+        return 1
+    fi
+    # --one-file-system: never cross into a mount, whatever happened above.
+    rm -rf --one-file-system "$root"
+}
+cleanup() {
+    if [ "$keep" -eq 0 ]; then remove_root; else unmount_all; fi
 }
 trap cleanup EXIT
 
-rm -rf "$root"
+remove_root
 mkdir -p "$root"
 tar -C "$root" -xf "$base"
 cp /etc/resolv.conf "$root/etc/resolv.conf"
@@ -82,9 +95,9 @@ head=$(git -C "$root/work/burn-dist" rev-parse --short HEAD)
 for m in proc sys dev; do
     mkdir -p "$root/$m"
 done
-mount -t proc proc "$root/proc" && mounts+=("$root/proc")
-mount --rbind /sys "$root/sys" && mount --make-rslave "$root/sys" && mounts+=("$root/sys")
-mount --rbind /dev "$root/dev" && mount --make-rslave "$root/dev" && mounts+=("$root/dev")
+mount -t proc proc "$root/proc"
+mount --rbind /sys "$root/sys" && mount --make-rslave "$root/sys"
+mount --rbind /dev "$root/dev" && mount --make-rslave "$root/dev"
 
 echo "rehearse: $head in a fresh $suite root ($root), cargo home and target dir empty"
 echo "rehearse: running '$readme_commands' (log: $log)"
