@@ -102,10 +102,7 @@ impl Ticket {
     /// `stream` as a reader that fails with `TimedOut` once this connection's hello deadline
     /// has passed, however many reads it takes.
     pub(crate) fn reader<'a>(&self, stream: &'a TcpStream) -> BeforeDeadline<'a> {
-        BeforeDeadline {
-            stream,
-            deadline: self.deadline,
-        }
+        BeforeDeadline::new(stream, self.deadline)
     }
 
     /// Leaves the gate once the hello has been judged. False if the connection was evicted

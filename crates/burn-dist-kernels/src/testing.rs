@@ -339,20 +339,18 @@ fn assert_eps_decides(
 /// the vectorized and the scalar path, with inputs small enough that eps decides the update
 /// ([`Regime::EpsBound`]).
 pub fn check_fused_step_equals_f64_reference<R: Runtime>(fused: &FusedAdam<R>, rng: &mut Rng) {
-    // Lengths: vectorized (multiple of 4), odd (scalar path), one partial cube, many cubes.
-    let lens = [4 * 256 * 37, 12_345, 3, 1 << 18];
-    for (i, &len) in lens.iter().enumerate() {
-        for decoupled in [true, false] {
-            let clip = i % 2 == 0;
-            check_step(
-                fused,
-                rng,
-                len,
-                decoupled,
-                clip,
-                ModelDtype::F32,
-                Regime::Typical,
-            );
+    // Typical inputs on every path: vectorized (multiple of 4), odd (scalar path), one
+    // partial cube, many cubes; eps-bound inputs on the vectorized and the scalar path.
+    let cases: [(Regime, &[usize]); 2] = [
+        (Regime::Typical, &[4 * 256 * 37, 12_345, 3, 1 << 18]),
+        (Regime::EpsBound, &[4 * 256 * 3, 1001]),
+    ];
+    for (regime, lens) in cases {
+        for (i, &len) in lens.iter().enumerate() {
+            for decoupled in [true, false] {
+                let clip = i % 2 == 0;
+                check_step(fused, rng, len, decoupled, clip, ModelDtype::F32, regime);
+            }
         }
     }
     check_step(
@@ -364,20 +362,6 @@ pub fn check_fused_step_equals_f64_reference<R: Runtime>(fused: &FusedAdam<R>, r
         ModelDtype::None,
         Regime::Typical,
     );
-    for (i, len) in [4 * 256 * 3, 1001].into_iter().enumerate() {
-        for decoupled in [true, false] {
-            let clip = i % 2 == 0;
-            check_step(
-                fused,
-                rng,
-                len,
-                decoupled,
-                clip,
-                ModelDtype::F32,
-                Regime::EpsBound,
-            );
-        }
-    }
 }
 
 /// The `dtype` (f16 or bf16) model copy is the master rounded to nearest even, checked value
