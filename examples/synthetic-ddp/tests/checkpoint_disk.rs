@@ -5,17 +5,17 @@
 //! rank 0 only): the other rank's timeout names the stage and says how to raise it.
 
 use std::path::Path;
-use std::process::Stdio;
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use burn_dist::testing::processes::{launch, scratch_dir, watch};
 use burn_dist_zero::checkpoint;
 
-#[test]
-fn a_full_disk_on_one_rank_fails_every_rank_naming_the_file() {
-    let root = scratch_dir("ckpt-disk");
-    let ckpt = root.join("ckpt");
-    let mut child = launch(2, Path::new(env!("CARGO_BIN_EXE_synthetic-zero")))
+/// `synthetic-zero` on 2 ranks through the launcher, 6 steps, a checkpoint every 2 in `ckpt`;
+/// the caller adds the fault and spawns it.
+fn two_ranks_saving_every_2_of_6_steps(ckpt: &Path) -> Command {
+    let mut command = launch(2, Path::new(env!("CARGO_BIN_EXE_synthetic-zero")));
+    command
         .args([
             "--steps",
             "6",
@@ -23,10 +23,18 @@ fn a_full_disk_on_one_rank_fails_every_rank_naming_the_file() {
             "2",
             "--checkpoint-dir",
         ])
-        .arg(&ckpt)
-        .env(checkpoint::FAULT_VAR, "shard:4:1:ENOSPC")
+        .arg(ckpt)
         .stdout(Stdio::null())
-        .stderr(Stdio::piped())
+        .stderr(Stdio::piped());
+    command
+}
+
+#[test]
+fn a_full_disk_on_one_rank_fails_every_rank_naming_the_file() {
+    let root = scratch_dir("ckpt-disk");
+    let ckpt = root.join("ckpt");
+    let mut child = two_ranks_saving_every_2_of_6_steps(&ckpt)
+        .env(checkpoint::FAULT_VAR, "shard:4:1:ENOSPC")
         .spawn()
         .expect("starting burn-dist-run");
     let (status, lines) = watch(&mut child, Duration::from_secs(120), |_| {});
@@ -70,19 +78,9 @@ fn a_rank_stuck_writing_makes_the_others_name_the_stage_and_the_timeout_variable
     let ckpt = root.join("ckpt");
     // Rank 0 stops inside the write stage of step 4 (its shard written, the model not): rank 1
     // waits for it in the stage's agreement until the 3 s collective timeout.
-    let mut child = launch(2, Path::new(env!("CARGO_BIN_EXE_synthetic-zero")))
-        .args([
-            "--steps",
-            "6",
-            "--checkpoint-every",
-            "2",
-            "--checkpoint-dir",
-        ])
-        .arg(&ckpt)
+    let mut child = two_ranks_saving_every_2_of_6_steps(&ckpt)
         .env(checkpoint::PAUSE_VAR, "after-shard:4:0")
         .env("BURN_DIST_TIMEOUT_SECS", "3")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
         .spawn()
         .expect("starting burn-dist-run");
     let (status, lines) = watch(&mut child, Duration::from_secs(120), |_| {});
