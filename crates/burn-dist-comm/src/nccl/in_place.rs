@@ -24,6 +24,27 @@ pub enum InPlaceOp {
     /// Only `root` ends with the reduction; the other ranks' slices are left as they were
     /// (`ncclReduce`).
     Reduce { root: usize, op: ReduceOp },
+    /// Every rank ends with `root`'s slice (`ncclBroadcast`). A group of one broadcast per
+    /// owner is how an all-gather of uneven chunks runs in place.
+    Broadcast { root: usize },
+}
+
+impl InPlaceOp {
+    /// The reduction it applies, if any.
+    pub fn reduce(self) -> Option<ReduceOp> {
+        match self {
+            InPlaceOp::AllReduce(reduce) | InPlaceOp::Reduce { op: reduce, .. } => Some(reduce),
+            InPlaceOp::Broadcast { .. } => None,
+        }
+    }
+
+    /// The rank it reduces to or broadcasts from, if any.
+    pub fn root(self) -> Option<usize> {
+        match self {
+            InPlaceOp::AllReduce(_) => None,
+            InPlaceOp::Reduce { root, .. } | InPlaceOp::Broadcast { root } => Some(root),
+        }
+    }
 }
 
 /// The calls of one group (`ncclGroupStart`/`ncclGroupEnd`), and what keeps their memory alive.

@@ -270,9 +270,7 @@ impl Worker {
             kind: OpKind::AllReduce,
             seq: self.seq,
             dtype: first.map(|(dtype, _)| dtype),
-            reduce: first.map(|(_, op)| match op {
-                InPlaceOp::AllReduce(reduce) | InPlaceOp::Reduce { op: reduce, .. } => reduce,
-            }),
+            reduce: first.and_then(|(_, op)| op.reduce()),
             bytes: group.bytes(),
         };
         self.seq += 1;
@@ -293,17 +291,15 @@ impl Worker {
 
     fn check_in_place(&self, op: &OpDesc, group: &InPlaceGroup) -> Result<()> {
         for (i, &(slice, call)) in group.calls.iter().enumerate() {
-            let (reduce, root) = match call {
-                InPlaceOp::AllReduce(reduce) => (reduce, None),
-                InPlaceOp::Reduce { root, op } => (op, Some(root)),
-            };
-            let desc = OpDesc {
-                dtype: Some(slice.dtype),
-                reduce: Some(reduce),
-                ..op.clone()
-            };
-            check_reduce(&desc, reduce).map_err(|e| self.on_this_rank(e))?;
-            if let Some(root) = root
+            if let Some(reduce) = call.reduce() {
+                let desc = OpDesc {
+                    dtype: Some(slice.dtype),
+                    reduce: Some(reduce),
+                    ..op.clone()
+                };
+                check_reduce(&desc, reduce).map_err(|e| self.on_this_rank(e))?;
+            }
+            if let Some(root) = call.root()
                 && root >= self.world
             {
                 return Err(self.invalid(
@@ -348,6 +344,9 @@ impl Worker {
                         comm,
                         stream,
                     ),
+                    InPlaceOp::Broadcast { root } => {
+                        sys::ncclBroadcast(at, at, slice.len, dtype, root as i32, comm, stream)
+                    }
                 });
             }
             // Always closed, even after a failed call: NCCL's groups must balance.

@@ -1,0 +1,73 @@
+//! The interface the reducer and ZeroAdam use for every collective on device memory.
+
+use std::sync::Arc;
+
+use burn_dist_comm::ReduceOp;
+use cubecl::Runtime;
+
+use crate::error::Result;
+use crate::slice::DeviceSlice;
+use crate::traffic::TrafficCounter;
+
+/// Collectives in place on device memory of runtime `R`.
+///
+/// The semantics are the host communicator's ([`burn_dist_comm::Communicator`]): every rank
+/// issues the same calls in the same order with slices of the same lengths and dtypes; floats
+/// are reduced in f32 in rank order and rounded once, so results are bit-identical on every
+/// rank; a failed peer fails every rank with the root cause. A call returns once its work is
+/// issued; [`DevicePending::wait`] returns once its results are in device memory, visible to
+/// kernels launched afterwards on the slices' clients.
+pub trait DeviceCollectives<R: Runtime>: Send + Sync {
+    fn rank(&self) -> usize;
+    fn world_size(&self) -> usize;
+
+    /// Reduces every slice of `slices` over ranks, in place; one group, one wait.
+    fn all_reduce(&self, slices: &[DeviceSlice<R>], op: ReduceOp) -> Result<DevicePending>;
+
+    /// Reduce-scatter in place, into uneven chunks: `slice` is cut into `counts` (one count per
+    /// rank, summing to its length, a count may be 0); afterwards this rank's chunk of its
+    /// slice holds the reduction of that chunk over ranks, and the rest is left as it was.
+    fn reduce_scatter(
+        &self,
+        slice: &DeviceSlice<R>,
+        counts: &[usize],
+        op: ReduceOp,
+    ) -> Result<DevicePending>;
+
+    /// All-gather in place, of uneven chunks: `slice` is cut into `counts` as in
+    /// [`DeviceCollectives::reduce_scatter`]; this rank's chunk is its contribution, and
+    /// afterwards every chunk holds its owner's.
+    fn all_gather(&self, slice: &DeviceSlice<R>, counts: &[usize]) -> Result<DevicePending>;
+
+    /// Every rank's `slice` gets `root`'s.
+    fn broadcast(&self, slice: &DeviceSlice<R>, root: usize) -> Result<DevicePending>;
+
+    /// The bytes moved between host and device by these collectives, and by whoever else
+    /// records in the same counter (the reducer's and the optimizer's scalar reads).
+    fn traffic(&self) -> &Arc<TrafficCounter>;
+
+    /// What moves the data, for logs and errors: "nccl" or "staged through the host".
+    fn name(&self) -> &'static str;
+}
+
+/// A device collective that may still be running.
+#[must_use = "a collective's result must be waited for"]
+pub struct DevicePending(Box<dyn FnOnce() -> Result<()> + Send>);
+
+impl DevicePending {
+    /// A collective whose completion is `finish` (called on the waiting thread).
+    pub(crate) fn new(finish: impl FnOnce() -> Result<()> + Send + 'static) -> Self {
+        DevicePending(Box::new(finish))
+    }
+
+    /// Waits until the results are in device memory.
+    pub fn wait(self) -> Result<()> {
+        (self.0)()
+    }
+}
+
+impl std::fmt::Debug for DevicePending {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("DevicePending")
+    }
+}

@@ -1,0 +1,157 @@
+//! Moving a slice between host and device, and between two places on the device: one copy
+//! kernel, so that a slice at any element offset can be read or written (a buffer binding's
+//! offset must be aligned on wgpu; a kernel's index need not be).
+
+use burn_dist_comm::HostBuffer;
+use cubecl::prelude::*;
+
+use crate::error::{DeviceError, Result};
+use crate::slice::{DeviceDType, DeviceSlice};
+use crate::traffic::TrafficCounter;
+
+/// Units per cube of the copy.
+const CUBE_SIZE: u32 = 256;
+
+/// `dst[dst_offset + i] = src[src_offset + i]` for `i < len`.
+#[cube(launch)]
+fn copy_range<E: Float>(
+    src: &Array<E>,
+    dst: &mut Array<E>,
+    src_offset: u32,
+    dst_offset: u32,
+    len: u32,
+) {
+    if ABSOLUTE_POS < len as usize {
+        dst[dst_offset as usize + ABSOLUTE_POS] = src[src_offset as usize + ABSOLUTE_POS];
+    }
+}
+
+/// Fails unless `client`'s runtime can hold `dtype` (f16 on WGSL needs `shader-f16`; WGSL has
+/// no bf16).
+pub(crate) fn check_dtype<R: Runtime>(
+    client: &ComputeClient<R>,
+    dtype: DeviceDType,
+    rank: usize,
+    op: &'static str,
+) -> Result<()> {
+    let native = match dtype {
+        DeviceDType::F32 => return Ok(()),
+        DeviceDType::F16 => half::f16::as_type_native_unchecked(),
+        DeviceDType::BF16 => half::bf16::as_type_native_unchecked(),
+    };
+    if client.properties().supports_type(native) {
+        Ok(())
+    } else {
+        Err(DeviceError::UnsupportedDType {
+            rank,
+            op,
+            dtype,
+            runtime: R::name(client).to_string(),
+        })
+    }
+}
+
+/// Copies `src` into `dst` (same length and dtype) with the copy kernel, on the device.
+pub(crate) fn copy_slice<R: Runtime>(src: &DeviceSlice<R>, dst: &DeviceSlice<R>) {
+    debug_assert_eq!((src.len, src.dtype), (dst.len, dst.dtype));
+    if src.len == 0 {
+        return;
+    }
+    let client = &dst.client;
+    let count = cubecl::calculate_cube_count_elemwise(client, src.len, CubeDim::new_1d(CUBE_SIZE));
+    macro_rules! launch {
+        ($e:ty) => {
+            // SAFETY: both ranges were checked against their buffers' sizes (`check`), and
+            // the kernel writes only `dst[dst_offset..dst_offset + len]`.
+            unsafe {
+                copy_range::launch::<$e, R>(
+                    client,
+                    count,
+                    CubeDim::new_1d(CUBE_SIZE),
+                    ArrayArg::from_raw_parts(src.handle.clone(), src.buffer_len()),
+                    ArrayArg::from_raw_parts(dst.handle.clone(), dst.buffer_len()),
+                    src.offset as u32,
+                    dst.offset as u32,
+                    src.len as u32,
+                )
+            }
+        };
+    }
+    match src.dtype {
+        DeviceDType::F32 => launch!(f32),
+        DeviceDType::F16 => launch!(half::f16),
+        DeviceDType::BF16 => launch!(half::bf16),
+    }
+}
+
+/// Reads `slice` to the host, counting the bytes in `counter`.
+pub fn download<R: Runtime>(
+    slice: &DeviceSlice<R>,
+    counter: &TrafficCounter,
+    rank: usize,
+) -> Result<HostBuffer> {
+    const OP: &str = "reading a device slice";
+    slice.check(rank, OP)?;
+    check_dtype(&slice.client, slice.dtype, rank, OP)?;
+    if slice.len == 0 {
+        return Ok(HostBuffer::zeros(slice.dtype.host(), 0));
+    }
+    let staging = DeviceSlice::whole(
+        slice.client.clone(),
+        slice.client.empty(slice.bytes()),
+        slice.dtype,
+    );
+    copy_slice(slice, &staging.range(0..slice.len));
+    let bytes = slice
+        .client
+        .read_one(staging.handle)
+        .map_err(|e| DeviceError::Device {
+            rank,
+            op: OP,
+            reason: format!("{e:?}"),
+        })?;
+    let bytes = &bytes[..slice.bytes()];
+    counter.to_host(bytes.len());
+    Ok(match slice.dtype {
+        DeviceDType::F32 => HostBuffer::F32(bytemuck::pod_collect_to_vec(bytes)),
+        DeviceDType::F16 => HostBuffer::F16(bytemuck::pod_collect_to_vec(bytes)),
+        DeviceDType::BF16 => HostBuffer::BF16(bytemuck::pod_collect_to_vec(bytes)),
+    })
+}
+
+/// Writes `values` (of the slice's length and dtype) into `slice` on the device, counting the
+/// bytes in `counter`. Ordered after every kernel already launched on the slice's client.
+pub fn upload_into<R: Runtime>(
+    slice: &DeviceSlice<R>,
+    values: &HostBuffer,
+    counter: &TrafficCounter,
+    rank: usize,
+) -> Result<()> {
+    const OP: &str = "writing a device slice";
+    slice.check(rank, OP)?;
+    check_dtype(&slice.client, slice.dtype, rank, OP)?;
+    if values.dtype() != slice.dtype.host() || values.len() != slice.len {
+        return Err(DeviceError::Device {
+            rank,
+            op: OP,
+            reason: format!(
+                "{} elements of {} given for a slice of {} elements of {}",
+                values.len(),
+                values.dtype(),
+                slice.len,
+                slice.dtype
+            ),
+        });
+    }
+    if slice.len == 0 {
+        return Ok(());
+    }
+    counter.to_device(values.as_bytes().len());
+    let staged = DeviceSlice::whole(
+        slice.client.clone(),
+        slice.client.create_from_slice(values.as_bytes()),
+        slice.dtype,
+    );
+    copy_slice(&staged.range(0..slice.len), slice);
+    Ok(())
+}

@@ -1,0 +1,174 @@
+//! Device collectives for any cubecl runtime, staged through the host communicator: read the
+//! slices to the host, run the host collective, write the results back in place. This is the
+//! path on wgpu (and the CPU twin of the NCCL path in CI), and on CUDA where NCCL is absent.
+//!
+//! Reads happen when a call is issued, on the calling thread, so they are ordered after the
+//! kernels that produced the data; write-backs happen in [`DevicePending::wait`], on the waiting
+//! thread, before any kernel launched after it. Only the ranges a call changes are written.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use burn_dist_comm::{Communicator, HostBuffer, HostCommunicator, Pending, ReduceOp};
+use cubecl::Runtime;
+
+use crate::collectives::{DeviceCollectives, DevicePending};
+use crate::copy::{download, upload_into};
+use crate::error::{DeviceError, Result};
+use crate::slice::{DeviceSlice, chunk_ranges};
+use crate::traffic::TrafficCounter;
+
+/// [`DeviceCollectives`] over a host communicator.
+pub struct StagedCollectives {
+    comm: Arc<HostCommunicator>,
+    traffic: Arc<TrafficCounter>,
+}
+
+impl StagedCollectives {
+    /// Collectives staged through `comm`, counting their host traffic in `traffic`.
+    pub fn new(comm: Arc<HostCommunicator>, traffic: Arc<TrafficCounter>) -> Self {
+        StagedCollectives { comm, traffic }
+    }
+
+    /// After `pending`, writes `ranges` of its result into the same ranges of `slice`.
+    fn write_back<R: Runtime>(
+        &self,
+        pending: Pending<HostBuffer>,
+        slice: DeviceSlice<R>,
+        ranges: Vec<(Range<usize>, Range<usize>)>,
+    ) -> DevicePending {
+        let (traffic, rank) = (self.traffic.clone(), self.comm.rank());
+        DevicePending::new(move || {
+            let result = pending.wait()?;
+            for (from, to) in ranges {
+                upload_into(&slice.range(to), &result.slice(from), &traffic, rank)?;
+            }
+            Ok(())
+        })
+    }
+}
+
+/// The elements of `buffers` one after the other (all of one dtype).
+fn concat(buffers: &[HostBuffer]) -> HostBuffer {
+    let dtype = buffers
+        .first()
+        .map_or(burn_dist_comm::DType::F32, HostBuffer::dtype);
+    let bytes: Vec<u8> = buffers.iter().flat_map(|b| b.as_bytes().to_vec()).collect();
+    let mut out = HostBuffer::zeros(dtype, bytes.len() / dtype.size());
+    out.as_bytes_mut().copy_from_slice(&bytes);
+    out
+}
+
+impl<R: Runtime> DeviceCollectives<R> for StagedCollectives {
+    fn rank(&self) -> usize {
+        self.comm.rank()
+    }
+
+    fn world_size(&self) -> usize {
+        self.comm.world_size()
+    }
+
+    fn all_reduce(&self, slices: &[DeviceSlice<R>], op: ReduceOp) -> Result<DevicePending> {
+        const OP: &str = "device all_reduce";
+        let rank = self.comm.rank();
+        if let Some(first) = slices.first()
+            && let Some(other) = slices.iter().find(|s| s.dtype != first.dtype)
+        {
+            return Err(DeviceError::MixedDTypes {
+                rank,
+                op: OP,
+                first: first.dtype,
+                other: other.dtype,
+            });
+        }
+        for slice in slices {
+            slice.check(rank, OP)?;
+        }
+        let parts = slices
+            .iter()
+            .map(|s| download(s, &self.traffic, rank))
+            .collect::<Result<Vec<_>>>()?;
+        let pending = self.comm.all_reduce(concat(&parts), op);
+        let slices = slices.to_vec();
+        let traffic = self.traffic.clone();
+        Ok(DevicePending::new(move || {
+            let reduced = pending.wait()?;
+            let mut at = 0;
+            for slice in &slices {
+                upload_into(slice, &reduced.slice(at..at + slice.len), &traffic, rank)?;
+                at += slice.len;
+            }
+            Ok(())
+        }))
+    }
+
+    fn reduce_scatter(
+        &self,
+        slice: &DeviceSlice<R>,
+        counts: &[usize],
+        op: ReduceOp,
+    ) -> Result<DevicePending> {
+        const OP: &str = "device reduce_scatter";
+        let (rank, world) = (self.comm.rank(), self.comm.world_size());
+        let chunks = chunk_ranges(counts, world, slice.len, rank, OP)?;
+        slice.check(rank, OP)?;
+        let local = download(slice, &self.traffic, rank)?;
+        let pending = self.comm.reduce_scatter_counts(local, op, counts.to_vec());
+        let mine = chunks[rank].clone();
+        Ok(self.write_back(pending, slice.clone(), vec![(0..mine.len(), mine)]))
+    }
+
+    fn all_gather(&self, slice: &DeviceSlice<R>, counts: &[usize]) -> Result<DevicePending> {
+        const OP: &str = "device all_gather";
+        let (rank, world) = (self.comm.rank(), self.comm.world_size());
+        let chunks = chunk_ranges(counts, world, slice.len, rank, OP)?;
+        slice.check(rank, OP)?;
+        // The host all-gather takes equal chunks: each rank's is padded to the largest count.
+        let widest = counts.iter().copied().max().unwrap_or(0);
+        let own = download(&slice.range(chunks[rank].clone()), &self.traffic, rank)?;
+        let mut padded = HostBuffer::zeros(slice.dtype.host(), widest);
+        padded.as_bytes_mut()[..own.as_bytes().len()].copy_from_slice(own.as_bytes());
+        let pending = self.comm.all_gather(padded, widest * world);
+        let others = chunks
+            .into_iter()
+            .enumerate()
+            .filter(|(q, chunk)| *q != rank && !chunk.is_empty())
+            .map(|(q, chunk)| (q * widest..q * widest + chunk.len(), chunk))
+            .collect();
+        Ok(self.write_back(pending, slice.clone(), others))
+    }
+
+    fn broadcast(&self, slice: &DeviceSlice<R>, root: usize) -> Result<DevicePending> {
+        const OP: &str = "device broadcast";
+        let (rank, world) = (self.comm.rank(), self.comm.world_size());
+        if root >= world {
+            return Err(DeviceError::Root {
+                rank,
+                op: OP,
+                root,
+                world,
+            });
+        }
+        slice.check(rank, OP)?;
+        let local = if rank == root {
+            download(slice, &self.traffic, rank)?
+        } else {
+            HostBuffer::zeros(slice.dtype.host(), slice.len)
+        };
+        let pending = self.comm.broadcast(local, root);
+        let back = if rank == root {
+            Vec::new()
+        } else {
+            vec![(0..slice.len, 0..slice.len)]
+        };
+        Ok(self.write_back(pending, slice.clone(), back))
+    }
+
+    fn traffic(&self) -> &Arc<TrafficCounter> {
+        &self.traffic
+    }
+
+    fn name(&self) -> &'static str {
+        "staged through the host"
+    }
+}
