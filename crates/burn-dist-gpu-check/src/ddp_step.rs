@@ -206,7 +206,7 @@ fn read_back(
     if !primitive.is_contiguous() {
         return Err(format!("not contiguous: strides {strides:?}"));
     }
-    let (address, _keep) = burn_dist::device_address(&primitive)?;
+    let (address, _keep) = burn_dist::device_address(&primitive.client, &primitive.handle)?;
     <CudaBackend as Backend>::sync(device).map_err(|e| format!("{e:?}"))?;
     let mut read = vec![0f32; rows.len() * cols];
     // SAFETY: the address is the start of `rows.len() * cols` live f32 (kept by `_keep`); the
@@ -345,7 +345,7 @@ pub(crate) fn join(device: &CudaDevice, config: DdpConfig) -> Result<Ddp, String
     })
     .map_err(|e| e.to_string())?;
     let group = Group::join(info, &CommConfig::default()).map_err(|e| e.to_string())?;
-    Ddp::with_nccl(group, config, device).map_err(|e| e.to_string())
+    Ddp::with_nccl::<CudaBackend>(group, config, device).map_err(|e| e.to_string())
 }
 
 type Fields = serde_json::Value;

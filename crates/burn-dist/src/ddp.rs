@@ -72,26 +72,33 @@ impl Ddp {
 
     /// Joins the job described by the environment, like [`Ddp::init`], and reduces gradients
     /// with NCCL in place on the GPU `device` (one rank per GPU; usually `LOCAL_RANK`), for
-    /// `Autodiff<DistributedBackend<CubeBackend<CudaRuntime, ..>>>` (burn-cuda without fusion).
+    /// `Autodiff<DistributedBackend<B>>` with `B` Burn's `Cuda` (fusion on) or burn-cuda without
+    /// fusion ([`crate::CudaBackend`]).
     ///
     /// Bucket gradients are never copied through the host: when a bucket's gradients are all
-    /// in, one NCCL group of per-tensor averages runs on the gradients' own memory (docs/gpu.md,
+    /// in, one NCCL group of per-tensor averages runs on the gradients' device memory (docs/gpu.md,
     /// "The in-place path"). Small control collectives (the usage bitmap, the bucket order, the
     /// model check and broadcast of `prepare`) and [`Ddp::communicator`] stay on the host
     /// communicator of the same group. Under ZeRO stage 2 ([`Ddp::shard_gradients`]) each
-    /// parameter piece is reduced in place to its owner, which reads its segment into the host
-    /// gradient shard. Fails, naming the library, when libcuda or libnccl cannot be loaded.
+    /// parameter is reduce-scattered in place to the owners of its pieces. Fails, naming the
+    /// library, when libcuda or libnccl cannot be loaded.
     #[cfg(feature = "cuda")]
-    pub fn init_nccl(config: DdpConfig, device: &crate::CudaDevice) -> Result<Ddp> {
+    pub fn init_nccl<B>(config: DdpConfig, device: &crate::CudaDevice) -> Result<Ddp>
+    where
+        B: crate::CubeResident<Runtime = burn_cubecl::cubecl::cuda::CudaRuntime>,
+    {
         let group = burn_dist_comm::init(CommConfig::default())?;
-        Ddp::with_nccl(group, config, device)
+        Ddp::with_nccl::<B>(group, config, device)
     }
 
     /// [`Ddp::init_nccl`] on a group already joined (e.g. `Group::join` with a `RankInfo`
     /// built by hand): its NCCL communicator is created on GPU `device` through the group's
     /// store, and the reducer is installed for the whole process.
     #[cfg(feature = "cuda")]
-    pub fn with_nccl(group: Group, config: DdpConfig, device: &crate::CudaDevice) -> Result<Ddp> {
+    pub fn with_nccl<B>(group: Group, config: DdpConfig, device: &crate::CudaDevice) -> Result<Ddp>
+    where
+        B: crate::CubeResident<Runtime = burn_cubecl::cubecl::cuda::CudaRuntime>,
+    {
         let comm_config = match group.info.timeout {
             Some(timeout) => CommConfig::default().with_timeout(timeout),
             None => CommConfig::default(),
@@ -103,12 +110,55 @@ impl Ddp {
             device.index,
             &comm_config,
         )?;
+        let collectives = burn_dist_device::NcclCollectives::new(Arc::new(nccl), Arc::default());
         let ddp = Ddp::new(group.comm.clone(), config, Scope::Process, Some(group));
-        lock(&ddp.reducer).use_device(crate::cuda::DeviceStore::new(
-            Arc::new(nccl),
-            device.clone(),
-        ));
-        Ok(ddp)
+        Ok(ddp.on_device::<B>(Arc::new(collectives), device.clone()))
+    }
+
+    /// Joins the job described by the environment, like [`Ddp::init`], and keeps gradients in
+    /// the device memory of `B` (any burn-cubecl backend, fusion on or off: Burn's `Wgpu`,
+    /// `Cuda`…): each bucket's gradients are reduced in place by device collectives staged
+    /// through the host communicator ([`crate::StagedCollectives`]). This is the device path
+    /// where NCCL is absent, and its CPU twin in the tests (wgpu on Mesa's lavapipe).
+    #[cfg(feature = "device")]
+    pub fn init_staged<B: crate::CubeResident>(
+        config: DdpConfig,
+        device: &B::Device,
+    ) -> Result<Ddp> {
+        let group = burn_dist_comm::init(CommConfig::default())?;
+        let comm = group.comm.clone();
+        let ddp = Ddp::new(comm.clone(), config, Scope::Process, Some(group));
+        Ok(ddp.on_device::<B>(
+            Arc::new(crate::StagedCollectives::new(comm, Arc::default())),
+            B::cube_device(device),
+        ))
+    }
+
+    /// [`Ddp::for_thread`] on the device path of [`Ddp::init_staged`]: a rank of an in-process
+    /// group whose gradients stay in `B`'s device memory.
+    #[cfg(feature = "device")]
+    pub fn for_thread_staged<B: crate::CubeResident>(
+        comm: HostCommunicator,
+        config: DdpConfig,
+        device: &B::Device,
+    ) -> Ddp {
+        let ddp = Ddp::for_thread(comm, config);
+        let collectives = crate::StagedCollectives::new(ddp.comm.clone(), Arc::default());
+        ddp.on_device::<B>(Arc::new(collectives), B::cube_device(device))
+    }
+
+    /// Installs the device store of backend `B` over `collectives` in this rank's reducer.
+    #[cfg(feature = "device")]
+    fn on_device<B: crate::CubeResident>(
+        self,
+        collectives: Arc<dyn crate::DeviceCollectives<B::Runtime>>,
+        device: <B::Runtime as burn_cubecl::cubecl::Runtime>::Device,
+    ) -> Ddp {
+        lock(&self.reducer).use_device(Box::new(crate::device::DeviceStore::<B>::new(
+            collectives,
+            device,
+        )));
+        self
     }
 
     /// Whether this rank reduces gradients in place on the GPU (NCCL, [`Ddp::init_nccl`]).

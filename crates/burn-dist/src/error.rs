@@ -8,6 +8,11 @@ pub enum DistError {
     #[error(transparent)]
     Comm(#[from] CommError),
 
+    /// A collective on device memory failed (bad slice, unsupported dtype, a peer's failure).
+    #[cfg(feature = "device")]
+    #[error(transparent)]
+    Device(#[from] burn_dist_device::DeviceError),
+
     /// The ranks were given different models.
     #[error("the ranks have different models: {0}")]
     ModelMismatch(String),

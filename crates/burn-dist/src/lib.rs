@@ -33,6 +33,8 @@ mod context;
 #[cfg(feature = "cuda")]
 mod cuda;
 mod ddp;
+#[cfg(feature = "device")]
+mod device;
 mod error;
 pub mod flat;
 mod model;
@@ -60,16 +62,24 @@ pub use sharded::GradientShard;
 #[doc(hidden)]
 pub use backend::FORWARDED;
 
-/// The backend whose gradients the NCCL reducer ([`Ddp::init_nccl`]) reduces in place:
-/// burn-cuda without fusion. Train with `Autodiff<DistributedBackend<CudaBackend>>`.
+/// burn-cuda's backend without fusion (Burn's default `Cuda` is `Fusion<CudaBackend>`; the
+/// device reducer takes both).
 #[cfg(feature = "cuda")]
 pub type CudaBackend = cuda::Cube;
 /// Its device (the same type as `burn_cuda::CudaDevice`).
 #[cfg(feature = "cuda")]
 pub use burn_cubecl::cubecl::cuda::CudaDevice;
+#[cfg(feature = "cuda")]
+#[doc(hidden)]
+pub use burn_dist_device::device_address;
+/// Backends whose gradients the device reducer reduces in place, and the device collectives.
+#[cfg(feature = "device")]
+pub use burn_dist_device::{DeviceCollectives, StagedCollectives, Traffic, TrafficCounter};
 /// Which gradient shapes cubecl-cuda pads (each costs the NCCL reducer a private copy).
 #[cfg(feature = "cuda")]
 pub use cuda::{CUDA_ROW_ALIGNMENT, cuda_pads_rows};
-#[cfg(feature = "cuda")]
+#[cfg(feature = "device")]
+pub use device::CubeResident;
+#[cfg(feature = "device")]
 #[doc(hidden)]
-pub use cuda::{contiguous_copy, device_address};
+pub use device::contiguous_copy;

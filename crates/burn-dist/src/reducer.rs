@@ -21,8 +21,9 @@
 //! and those get no gradient anywhere.
 //!
 //! Where the gradients wait and how a bucket is reduced is the one part that differs between
-//! the host path (flat f32 host buffers, host communicator) and the in-place CUDA path (the
-//! gradients' own device memory, NCCL; feature `cuda`, `crate::cuda`): `Store`. The state
+//! the host path (flat f32 host buffers, host communicator) and the device path (the
+//! gradients' own device memory, reduced in place by NCCL or staged through the host; feature
+//! `device`, `crate::device`): `Store`. The state
 //! machine around it is the same for both. Small control collectives (the usage bitmap, rank
 //! 0's ready order) always go through the host communicator of the same group.
 
@@ -60,6 +61,16 @@ pub struct ReducerStats {
     /// padded rows (cubecl-cuda pads rows that are not a multiple of 512 bytes, nor a power of
     /// two below that: `burn_dist::cuda_pads_rows` says which shapes).
     pub pitched_copies: u64,
+    /// Device path: launches of ready buckets (each waits for the compute stream once); 0 on the
+    /// host path.
+    pub device_launches: u64,
+    /// Bytes the reducer moved from the backend's memory to the host: on the host path every
+    /// gradient it read; on the device path what its collectives staged through the host
+    /// (nothing with NCCL) and the rare gradient read for `Ddp::backward`.
+    pub bytes_to_host: u64,
+    /// Bytes the reducer moved from the host into the backend's memory (the written-back
+    /// gradients on the host path; the staged results on the device path).
+    pub bytes_to_device: u64,
 }
 
 /// What the reducer tells a test observer.
@@ -80,9 +91,10 @@ enum Store {
     /// reduced mean; reduced by the host communicator. Under ZeRO-2 a backward's local
     /// gradients only, allocated when needed and handed to the reduction.
     Host(Vec<Vec<f32>>),
-    /// Per parameter: its gradient tensor on the GPU, reduced in place by NCCL.
-    #[cfg(feature = "cuda")]
-    Device(crate::cuda::DeviceStore),
+    /// Per parameter: its gradient tensor in device memory, reduced in place by the device
+    /// collectives (NCCL, or staged through the host).
+    #[cfg(feature = "device")]
+    Device(Box<dyn crate::device::DeviceBuckets>),
 }
 
 impl Store {
@@ -90,7 +102,7 @@ impl Store {
     fn host(&self) -> Option<&[Vec<f32>]> {
         match self {
             Store::Host(buffers) => Some(buffers),
-            #[cfg(feature = "cuda")]
+            #[cfg(feature = "device")]
             Store::Device(_) => None,
         }
     }
@@ -99,30 +111,26 @@ impl Store {
 /// A launched bucket's reduction.
 enum InFlight {
     Host(Pending<HostBuffer>),
-    #[cfg(feature = "cuda")]
-    Device(Pending<()>),
+    #[cfg(feature = "device")]
+    Device(Vec<burn_dist_device::DevicePending>),
 }
 
 /// A final gradient as the hook hands it over.
 pub(crate) enum Incoming<'a> {
     /// Read to the host and flattened to f32 (host path).
     Host(&'a [f32]),
-    /// The gradient tensor itself (device path), and why the hook copied it if it did.
-    #[cfg(feature = "cuda")]
-    Device(
-        Box<crate::cuda::CudaTensor>,
-        Option<crate::cuda::CopyReason>,
-    ),
+    /// A gradient in device memory (device path), left where it is in Burn's container (the
+    /// `target` of [`Reducer::receive`]); `numel` elements.
+    #[cfg(feature = "device")]
+    Device { numel: usize },
 }
 
 impl Incoming<'_> {
     fn len(&self) -> usize {
         match self {
             Incoming::Host(values) => values.len(),
-            #[cfg(feature = "cuda")]
-            Incoming::Device(tensor, _) => {
-                burn_backend::TensorMetadata::shape(tensor.as_ref()).num_elements()
-            }
+            #[cfg(feature = "device")]
+            Incoming::Device { numel } => *numel,
         }
     }
 }
@@ -232,7 +240,7 @@ impl Reducer {
             .map(|(i, &(id, _))| (id, i))
             .collect();
         self.set_layout(Layout::initial(&self.numels, &self.config));
-        #[cfg(feature = "cuda")]
+        #[cfg(feature = "device")]
         if let Store::Device(device) = &mut self.store {
             device.register(vec![burn::tensor::DType::F32; params.len()]);
         }
@@ -267,7 +275,7 @@ impl Reducer {
         match &mut self.store {
             Store::Host(buffers) => buffers.iter_mut().for_each(|b| *b = Vec::new()),
             // Gradients stay in Burn's tensors; each is reduced in pieces to the owners.
-            #[cfg(feature = "cuda")]
+            #[cfg(feature = "device")]
             Store::Device(_) => {}
         }
         self.sharded = Some(ShardedGradients::new(flat, self.comm.rank(), &self.layout));
@@ -309,7 +317,7 @@ impl Reducer {
         let buckets = match &self.store {
             Store::Host(buffers) => buffers.iter().map(Vec::len).sum::<usize>(),
             // The gradients stay in Burn's tensors; the reducer holds no buffer of its own.
-            #[cfg(feature = "cuda")]
+            #[cfg(feature = "device")]
             Store::Device(_) => 0,
         };
         buckets + self.sharded.as_ref().map_or(0, ShardedGradients::held)
@@ -325,7 +333,7 @@ impl Reducer {
             Store::Host(buffers) => {
                 *buffers = layout.buckets.iter().map(|b| vec![0.0; b.len]).collect();
             }
-            #[cfg(feature = "cuda")]
+            #[cfg(feature = "device")]
             Store::Device(device) => device.begin_window(self.numels.len()),
         }
         self.written = vec![false; self.numels.len()];
@@ -338,18 +346,18 @@ impl Reducer {
         self.comm.clone()
     }
 
-    /// From now on reduce gradients in place on the GPU with `device` (NCCL), instead of through
-    /// host buffers. Call it before `register`.
-    #[cfg(feature = "cuda")]
-    pub(crate) fn use_device(&mut self, device: crate::cuda::DeviceStore) {
+    /// From now on reduce gradients in place in device memory with `device`, instead of
+    /// through host buffers. Call it before `register`.
+    #[cfg(feature = "device")]
+    pub(crate) fn use_device(&mut self, device: Box<dyn crate::device::DeviceBuckets>) {
         self.store = Store::Device(device);
     }
 
-    /// Whether gradients are reduced in place on the GPU (the NCCL path).
+    /// Whether gradients are reduced in place in device memory (the device path).
     pub fn reduces_on_device(&self) -> bool {
         match &self.store {
             Store::Host(_) => false,
-            #[cfg(feature = "cuda")]
+            #[cfg(feature = "device")]
             Store::Device(_) => true,
         }
     }
@@ -359,23 +367,25 @@ impl Reducer {
     pub fn device_syncs(&self) -> u64 {
         match &self.store {
             Store::Host(_) => 0,
-            #[cfg(feature = "cuda")]
-            Store::Device(device) => device.syncs,
+            #[cfg(feature = "device")]
+            Store::Device(device) => device.launches(),
         }
     }
 
-    /// The device path's store, when it is in use.
-    #[cfg(feature = "cuda")]
-    pub(crate) fn device_store(&mut self) -> Option<&mut crate::cuda::DeviceStore> {
-        match &mut self.store {
-            Store::Device(device) => Some(device),
-            Store::Host(_) => None,
+    /// Device path: whether gradients whose primitive has type id `primitive` are the device
+    /// store's backend's; else the name of the primitive it takes, for the error.
+    #[cfg(feature = "device")]
+    pub(crate) fn accepts_device(&self, primitive: std::any::TypeId) -> Result<(), &'static str> {
+        match &self.store {
+            Store::Device(device) if device.accepts(primitive) => Ok(()),
+            Store::Device(device) => Err(device.primitive_name()),
+            Store::Host(_) => Err("none (the host path)"),
         }
     }
 
     /// The parameters' dtypes (visit order), which the device path reduces them in.
     pub(crate) fn set_dtypes(&mut self, _dtypes: Vec<burn::tensor::DType>) {
-        #[cfg(feature = "cuda")]
+        #[cfg(feature = "device")]
         if let Store::Device(device) = &mut self.store {
             device.register(_dtypes);
         }
@@ -387,16 +397,25 @@ impl Reducer {
 
     pub fn stats(&self) -> ReducerStats {
         // The device store counts its own copies (the hook's and the launch's).
-        let (private_copies, pitched_copies) = match &self.store {
-            Store::Host(_) => (0, 0),
-            #[cfg(feature = "cuda")]
-            Store::Device(device) => (device.copies.private, device.copies.pitched),
-        };
-        ReducerStats {
-            private_copies,
-            pitched_copies,
-            ..self.stats.clone()
+        #[cfg(feature = "device")]
+        if let Store::Device(device) = &self.store {
+            let (copies, traffic) = (device.copies(), device.traffic());
+            return ReducerStats {
+                private_copies: copies.private,
+                pitched_copies: copies.pitched,
+                bytes_to_host: traffic.to_host,
+                bytes_to_device: traffic.to_device,
+                device_launches: device.launches(),
+                ..self.stats.clone()
+            };
         }
+        self.stats.clone()
+    }
+
+    /// Counts bytes the hooks moved between the backend's memory and the host (host path).
+    pub(crate) fn record_host_traffic(&mut self, to_host: usize, to_device: usize) {
+        self.stats.bytes_to_host += to_host as u64;
+        self.stats.bytes_to_device += to_device as u64;
     }
 
     /// The index (visit order) of a marked parameter.
@@ -431,7 +450,7 @@ impl Reducer {
             self.written.fill(false);
             self.used_in_window.fill(false);
             self.used_anywhere = None;
-            #[cfg(feature = "cuda")]
+            #[cfg(feature = "device")]
             if let Store::Device(device) = &mut self.store {
                 device.begin_window(self.numels.len());
             }
@@ -521,12 +540,14 @@ impl Reducer {
                 }
                 self.stats.bytes_copied += (values.len() * 4) as u64;
             }
-            #[cfg(feature = "cuda")]
-            (Store::Device(device), Incoming::Device(tensor, copied)) => {
-                device.put(p, *tensor, copied, self.written[p])?;
-            }
-            #[cfg(feature = "cuda")]
-            (Store::Host(_), Incoming::Device(..)) | (Store::Device(_), Incoming::Host(_)) => {
+            #[cfg(feature = "device")]
+            // SAFETY: the hook hands over a device gradient only after `accepts_device`
+            // matched its primitive type, and `target` points at it in Burn's live container.
+            (Store::Device(device), Incoming::Device { .. }) => unsafe {
+                device.put(p, target, self.written[p])?;
+            },
+            #[cfg(feature = "device")]
+            (Store::Host(_), Incoming::Device { .. }) | (Store::Device(_), Incoming::Host(_)) => {
                 return Err(DistError::Usage(format!(
                     "parameter #{p}: its gradient was handed to the wrong reduction path (host \
                      or device); the path changed during a backward"
@@ -591,7 +612,7 @@ impl Reducer {
                 })
                 .collect(),
             // Parameters this rank never produced a gradient for get device zeros there.
-            #[cfg(feature = "cuda")]
+            #[cfg(feature = "device")]
             Store::Device(device) => {
                 let buckets: Vec<_> = self.layout.buckets[first..first + ready].iter().collect();
                 let owners = self.sharded.as_ref().map(ShardedGradients::flat);
@@ -630,15 +651,17 @@ impl Reducer {
                         sharded.add_segment(b, &reduced, self.micro_batch == 0);
                     }
                     (None, Store::Host(buffers)) => buffers[b] = reduced,
-                    #[cfg(feature = "cuda")]
+                    #[cfg(feature = "device")]
                     (None, Store::Device(_)) => unreachable!("host reductions run on the host"),
                 }
             }
             // Reduced in place: the tensors the store holds are the result. Under ZeRO-2 this
             // rank's pieces of them are its segment of the bucket.
-            #[cfg(feature = "cuda")]
+            #[cfg(feature = "device")]
             Some(InFlight::Device(pending)) => {
-                pending.wait()?;
+                for reduction in pending {
+                    reduction.wait()?;
+                }
                 let bucket = &self.layout.buckets[b];
                 let received = if let (Some(sharded), Store::Device(device)) =
                     (self.sharded.as_mut(), &mut self.store)
@@ -787,7 +810,7 @@ impl Reducer {
         }
         let (b, offset) = self.layout.slot[p];
         let scale = 1.0 / self.accumulation as f32;
-        #[cfg(feature = "cuda")]
+        #[cfg(feature = "device")]
         if let Store::Device(device) = &self.store {
             return device.read(p, self.window_scale());
         }
@@ -800,16 +823,29 @@ impl Reducer {
         })
     }
 
-    /// After a communicating backward on the device path: the reduced gradient of `p` (the
-    /// mean over ranks and micro-batches), taken, for the write-back.
-    #[cfg(feature = "cuda")]
-    pub(crate) fn take_device_gradient(&mut self, p: usize) -> Option<crate::cuda::CudaTensor> {
+    /// After a communicating backward on the device path: replaces the gradient at `target` in
+    /// Burn's container with `p`'s reduced one (the mean over ranks and micro-batches).
+    ///
+    /// # Safety
+    /// `target` points at the live gradient the hook handed over for `p`.
+    #[cfg(feature = "device")]
+    pub(crate) unsafe fn write_back_device(
+        &mut self,
+        p: usize,
+        target: usize,
+    ) -> Result<(), DistError> {
         let scale = self.window_scale();
-        self.device_store()?.take(p, scale)
+        match &mut self.store {
+            // SAFETY: as the caller promised.
+            Store::Device(device) => unsafe { device.write_back(p, target, scale) },
+            Store::Host(_) => Err(DistError::Usage(
+                "a device write-back on the host path".into(),
+            )),
+        }
     }
 
     /// What the window's sum over micro-batches is multiplied by to make it their mean.
-    #[cfg(feature = "cuda")]
+    #[cfg(feature = "device")]
     fn window_scale(&self) -> f32 {
         if self.accumulation == 1 {
             1.0

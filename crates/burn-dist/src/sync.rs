@@ -5,11 +5,11 @@
 //! the `Gradients` container, valid until that container is dropped), and `on_backward_end`
 //! before `backward()` returns, where the reduced gradients are written back in place.
 //!
-//! With the NCCL reducer (feature `cuda`, `Ddp::init_nccl`) a burn-cuda gradient is not read:
-//! the hook hands the tensor itself to the reducer, which reduces it in place on the GPU
-//! (`crate::cuda`); every other backend, and every reducer on the host communicator, takes the
-//! host path. Rust has no specialization, so the hook recognizes burn-cuda's primitive with an
-//! `Any` downcast.
+//! With the device reducer (feature `device`: `Ddp::init_staged`, `Ddp::init_nccl`) a gradient
+//! is not read: the hook leaves it in Burn's container and hands its place to the reducer, which
+//! reduces it in device memory (`crate::device`). Rust has no specialization, so the device
+//! store checks that the gradient's primitive is its backend's by type id. Every reducer on the
+//! host path reads the gradient to the host.
 //!
 //! The hooks cannot return errors. Under `Ddp::backward` an error is kept and returned from
 //! there; in a plain `loss.backward()` it panics with the reason, because training on with
@@ -54,7 +54,7 @@ pub(crate) fn on_gradient_ready<B: Backend>(
     let Some(shared) = context::current() else {
         return;
     };
-    #[cfg(feature = "cuda")]
+    #[cfg(feature = "device")]
     if lock(&shared).reduces_on_device() {
         return on_device_gradient::<B>(&shared, tensor.0, params);
     }
@@ -62,12 +62,14 @@ pub(crate) fn on_gradient_ready<B: Backend>(
     // SAFETY: Burn hands us a pointer into its live gradient container and does not touch that
     // entry again during this backward (the gradient is final).
     let grad = unsafe { (*tensor.0).clone() };
+    let bytes = grad.shape().num_elements() * grad.dtype().size();
     let values =
         read_sync(B::float_into_data(grad)).map(|data| data.convert::<f32>().into_vec::<f32>());
     let mut reducer = lock(&shared);
     if reducer.hook_error.is_some() {
         return;
     }
+    reducer.record_host_traffic(bytes, 0);
     let result = match values {
         Ok(Ok(values)) => reducer
             .gradient(params.param_id, &values, tensor.0 as usize)
@@ -88,9 +90,8 @@ pub(crate) fn on_gradient_ready<B: Backend>(
     }
 }
 
-/// The device path's hook: the gradient tensor goes to the reducer as it is (or as a private
-/// contiguous copy, see `cuda::in_place_gradient`).
-#[cfg(feature = "cuda")]
+/// The device path's hook: the gradient stays where it is; the reducer takes its place.
+#[cfg(feature = "device")]
 fn on_device_gradient<B: Backend>(
     shared: &crate::context::SharedReducer,
     target: *mut B::FloatTensorPrimitive,
@@ -100,18 +101,22 @@ fn on_device_gradient<B: Backend>(
     if reducer.hook_error.is_some() {
         return;
     }
-    // SAFETY: as in `on_gradient_ready`: a pointer into Burn's live container, at a final
-    // gradient.
-    let result = match unsafe { crate::cuda::in_place_gradient(target) } {
-        Some((tensor, copied)) => reducer.receive(
-            params.param_id,
-            crate::reducer::Incoming::Device(Box::new(tensor), copied),
-            target as usize,
-        ),
-        None => Err(DistError::Usage(format!(
-            "the NCCL reducer (`Ddp::init_nccl`) reduces burn-cuda gradients in place, on \
-             `DistributedBackend<CubeBackend<CudaRuntime, ..>>` (burn-cuda without fusion); this \
-             backend's gradients are `{}`: use `Ddp::init` for it",
+    let primitive = std::any::TypeId::of::<B::FloatTensorPrimitive>();
+    let result = match reducer.accepts_device(primitive) {
+        Ok(()) => {
+            // SAFETY: as in `on_gradient_ready`: a pointer into Burn's live container, at a
+            // final gradient.
+            let numel = unsafe { &*target }.shape().num_elements();
+            reducer.receive(
+                params.param_id,
+                crate::reducer::Incoming::Device { numel },
+                target as usize,
+            )
+        }
+        Err(expected) => Err(DistError::Usage(format!(
+            "the device reducer was set up for gradients of `{expected}`, and this backend's \
+             are `{}`: build the `Ddp` for the backend you train on (`Ddp::init` for any \
+             backend on the host path)",
             std::any::type_name::<B::FloatTensorPrimitive>()
         ))),
     };
@@ -151,19 +156,14 @@ pub(crate) fn on_backward_end<B: Backend>(device: &B::Device) {
                 release::<B>(target as *mut B::FloatTensorPrimitive);
             }
         }
-        #[cfg(feature = "cuda")]
+        #[cfg(feature = "device")]
         Ok(Some(finished)) if reducer.reduces_on_device() => {
             for (param, target) in finished.targets {
-                let target = target as *mut B::FloatTensorPrimitive;
-                match reducer.take_device_gradient(param) {
-                    // SAFETY: as in `on_gradient_ready`; only CUDA primitives reach here.
-                    Some(grad) => unsafe { crate::cuda::write_back(target, grad) },
-                    None => report(
-                        &mut reducer,
-                        DistError::Usage(format!(
-                            "parameter #{param}: no reduced gradient on the device"
-                        )),
-                    ),
+                // SAFETY: as in `on_gradient_ready`; only gradients of the device store's
+                // backend were handed over (`accepts_device`).
+                if let Err(error) = unsafe { reducer.write_back_device(param, target) } {
+                    report(&mut reducer, error);
+                    return;
                 }
             }
         }
@@ -176,7 +176,9 @@ pub(crate) fn on_backward_end<B: Backend>(device: &B::Device) {
                 // SAFETY: as in `on_gradient_ready`; the container outlives this call.
                 let local = unsafe { &*target };
                 let data = TensorData::new(values, local.shape()).convert_dtype(local.dtype());
+                let bytes = data.bytes.len();
                 unsafe { *target = B::float_from_data(data, device) };
+                reducer.record_host_traffic(0, bytes);
             }
         }
         Err(error) => report(&mut reducer, error),

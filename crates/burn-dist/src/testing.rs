@@ -204,13 +204,42 @@ pub fn train_ranks<B: burn::tensor::backend::AutodiffBackend>(
     lr: f64,
     device: &B::Device,
 ) -> Vec<Vec<Vec<f32>>> {
+    let make = |comm| crate::Ddp::for_thread(comm, config.clone());
+    train_ranks_with::<B>(
+        world,
+        make,
+        task,
+        optimizer,
+        steps,
+        global_batch,
+        lr,
+        device,
+    )
+    .into_iter()
+    .map(|(params, _)| params)
+    .collect()
+}
+
+/// [`train_ranks`] with each rank's `Ddp` built by `make_ddp` from its communicator (the device
+/// path's, for instance); returns every rank's final parameters and its reducer's counters.
+#[allow(clippy::too_many_arguments)] // as train_synthetic
+pub fn train_ranks_with<B: burn::tensor::backend::AutodiffBackend>(
+    world: usize,
+    make_ddp: impl Fn(burn_dist_comm::HostCommunicator) -> crate::Ddp + Sync,
+    task: Synthetic,
+    optimizer: &(impl OptimizerKind + Sync),
+    steps: usize,
+    global_batch: usize,
+    lr: f64,
+    device: &B::Device,
+) -> Vec<(Vec<Vec<f32>>, crate::ReducerStats)> {
     let comms = burn_dist_comm::HostCommunicator::local_group(
         world,
         &burn_dist_comm::CommConfig::default(),
     );
     burn_dist_comm::testing::run_ranks(comms, |_, comm| {
-        let mut ddp = crate::Ddp::for_thread(comm, config.clone());
-        train_synthetic::<B>(
+        let mut ddp = make_ddp(comm);
+        let params = train_synthetic::<B>(
             &mut ddp,
             task,
             optimizer,
@@ -220,7 +249,8 @@ pub fn train_ranks<B: burn::tensor::backend::AutodiffBackend>(
             device,
             |_, _| {},
         )
-        .expect("training")
+        .expect("training");
+        (params, ddp.stats())
     })
 }
 

@@ -1,0 +1,405 @@
+//! The device half of the reducer's bucket store, for any [`CubeResident`] backend: per
+//! parameter, its gradient in device memory, reduced in place by a [`DeviceCollectives`] (NCCL,
+//! or staged through the host communicator). The reducer's state machine around it is the
+//! host path's (`crate::reducer`).
+//!
+//! - **Copy-in** ([`DeviceBuckets::put`]): the gradient's cubecl tensor itself when nothing
+//!   else holds its memory and it is contiguous (burn-cubecl without fusion), else a private
+//!   contiguous copy on the device (fusion's tensors are always shared with fusion's own
+//!   handle). With gradient accumulation the window's sum is a device tensor.
+//! - **Launch**: per bucket, one all-reduce (average) of the bucket's gradients per dtype;
+//!   under ZeRO-2, one reduce-scatter per parameter to the owners of its pieces. Parameters
+//!   this rank did not use contribute device zeros of their registered dtype.
+//! - **Write-back**: the reduced tensor replaces the gradient in Burn's container (through
+//!   [`CubeResident::from_cube`], so fusion sees it), scaled by 1/K after K micro-batches.
+
+use std::any::TypeId;
+use std::ops::Range;
+use std::sync::Arc;
+
+use burn::tensor::{DType, Shape};
+use burn_backend::ops::FloatTensorOps;
+use burn_backend::{Scalar, TensorMetadata, read_sync};
+use burn_cubecl::CubeBackend;
+use burn_cubecl::tensor::CubeTensor;
+use burn_dist_device::{
+    DeviceCollectives, DeviceDType, DevicePending, DeviceSlice, Traffic, download,
+};
+
+use super::copy::{CopyCounts, contiguous_copy, copy_reason};
+use super::resident::CubeResident;
+use crate::bucket::Bucket;
+use crate::error::DistError;
+use crate::flat::FlatLayout;
+
+/// burn-cubecl's operations on the cubecl tensors the store holds (which float type the
+/// backend is instantiated with does not matter to them: each tensor carries its dtype).
+type Cube<R> = CubeBackend<R, f32, i32, u8>;
+
+/// What the reducer asks of the device store, whatever the backend (the reducer is not generic).
+pub(crate) trait DeviceBuckets: Send {
+    /// Whether gradients whose primitive has type id `primitive` are this store's backend's.
+    fn accepts(&self, primitive: TypeId) -> bool;
+    /// The backend's float primitive, for messages.
+    fn primitive_name(&self) -> &'static str;
+    /// The parameters' dtypes (visit order); forgets every gradient held.
+    fn register(&mut self, dtypes: Vec<DType>);
+    /// A new window starts: drop what the last one left.
+    fn begin_window(&mut self, params: usize);
+    /// The gradient of parameter `p`, at `target` in Burn's container, arrived (`accumulate`:
+    /// add it to the window's sum).
+    ///
+    /// # Safety
+    /// `target` points at a live float primitive of the backend [`DeviceBuckets::accepts`].
+    unsafe fn put(&mut self, p: usize, target: usize, accumulate: bool) -> Result<(), DistError>;
+    /// Launches `buckets`; per bucket, the reductions to wait for.
+    fn launch(
+        &mut self,
+        buckets: &[&Bucket],
+        written: &[bool],
+        numels: &[usize],
+        owners: Option<&FlatLayout>,
+    ) -> Result<Vec<Vec<DevicePending>>, DistError>;
+    /// ZeRO-2, after a bucket's reduction: this rank's segment of it, read to the host; the
+    /// bucket's gradients are dropped.
+    fn owned_segment(
+        &mut self,
+        bucket: &Bucket,
+        flat: &FlatLayout,
+        rank: usize,
+    ) -> Result<Vec<f32>, DistError>;
+    /// Replaces the gradient at `target` with `p`'s reduced one, scaled by `scale`.
+    ///
+    /// # Safety
+    /// As for [`DeviceBuckets::put`].
+    unsafe fn write_back(&mut self, p: usize, target: usize, scale: f32) -> Result<(), DistError>;
+    /// `p`'s reduced gradient, scaled, read to the host (a parameter this rank did not use).
+    fn read(&self, p: usize, scale: f32) -> Option<Vec<f32>>;
+    /// Launches (each waits for the compute stream once, on either implementation).
+    fn launches(&self) -> u64;
+    /// Gradients copied before their reduction.
+    fn copies(&self) -> CopyCounts;
+    /// Bytes between host and device so far.
+    fn traffic(&self) -> Traffic;
+}
+
+/// The device store of backend `B`.
+pub(crate) struct DeviceStore<B: CubeResident> {
+    collectives: Arc<dyn DeviceCollectives<B::Runtime>>,
+    device: <B::Runtime as burn_cubecl::cubecl::Runtime>::Device,
+    /// Per parameter (visit order): the dtype every rank reduces it in (the parameter's).
+    dtypes: Vec<DType>,
+    /// Per parameter: this window's local gradient, reduced in place by the launch.
+    grads: Vec<Option<CubeTensor<B::Runtime>>>,
+    launches: u64,
+    copies: CopyCounts,
+}
+
+impl<B: CubeResident> DeviceStore<B> {
+    pub(crate) fn new(
+        collectives: Arc<dyn DeviceCollectives<B::Runtime>>,
+        device: <B::Runtime as burn_cubecl::cubecl::Runtime>::Device,
+    ) -> Self {
+        DeviceStore {
+            collectives,
+            device,
+            dtypes: Vec::new(),
+            grads: Vec::new(),
+            launches: 0,
+            copies: CopyCounts::default(),
+        }
+    }
+
+    /// The slice of `tensor`'s memory that holds its `numel` elements.
+    fn slice(
+        tensor: &CubeTensor<B::Runtime>,
+        numel: usize,
+        p: usize,
+    ) -> Result<DeviceSlice<B::Runtime>, DistError> {
+        Ok(DeviceSlice::new(
+            tensor.client.clone(),
+            tensor.handle.clone(),
+            0,
+            numel,
+            device_dtype(tensor.dtype, p)?,
+        ))
+    }
+}
+
+impl<B: CubeResident> DeviceBuckets for DeviceStore<B> {
+    fn accepts(&self, primitive: TypeId) -> bool {
+        primitive == TypeId::of::<B::FloatTensorPrimitive>()
+    }
+
+    fn primitive_name(&self) -> &'static str {
+        std::any::type_name::<B::FloatTensorPrimitive>()
+    }
+
+    fn register(&mut self, dtypes: Vec<DType>) {
+        self.grads = (0..dtypes.len()).map(|_| None).collect();
+        self.dtypes = dtypes;
+    }
+
+    fn begin_window(&mut self, params: usize) {
+        self.grads = (0..params).map(|_| None).collect();
+    }
+
+    unsafe fn put(&mut self, p: usize, target: usize, accumulate: bool) -> Result<(), DistError> {
+        let dtype = *self.dtypes.get(p).ok_or_else(|| {
+            DistError::Usage(format!(
+                "parameter #{p} has no registered dtype on the device reducer"
+            ))
+        })?;
+        device_dtype(dtype, p)?;
+        // SAFETY: as the caller promised.
+        let local = unsafe { &*(target as *const B::FloatTensorPrimitive) };
+        let (view, unique) = B::cube_view(local);
+        let reason = copy_reason(
+            unique,
+            view.is_contiguous(),
+            view.meta.shape(),
+            view.meta.strides(),
+        );
+        self.copies.record(reason);
+        // Shared memory (fusion's handle, another tensor, a later backward step), a strided
+        // view or padded rows: reduce a private contiguous copy instead.
+        let grad = if reason.is_some() {
+            contiguous_copy(view)
+        } else {
+            view
+        };
+        let grad = if grad.dtype == dtype {
+            grad
+        } else {
+            Cube::float_cast(grad, dtype.into())
+        };
+        self.grads[p] = Some(match self.grads[p].take() {
+            Some(sum) if accumulate => Cube::float_add(sum, grad),
+            _ => grad,
+        });
+        Ok(())
+    }
+
+    fn launch(
+        &mut self,
+        buckets: &[&Bucket],
+        written: &[bool],
+        numels: &[usize],
+        owners: Option<&FlatLayout>,
+    ) -> Result<Vec<Vec<DevicePending>>, DistError> {
+        let mut launched = Vec::with_capacity(buckets.len());
+        for bucket in buckets {
+            // One all-reduce per dtype, in order of first appearance (the same on every rank:
+            // dtypes are registered per parameter).
+            let mut groups: Vec<(DeviceDType, Vec<DeviceSlice<B::Runtime>>)> = Vec::new();
+            let mut pending = Vec::new();
+            for &p in &bucket.params {
+                let tensor = match self.grads[p].take() {
+                    // A window's sum or a cast is a new kernel output: its rows may be padded.
+                    Some(grad) if written[p] && !grad.is_contiguous() => {
+                        self.copies.record(copy_reason(
+                            true,
+                            false,
+                            grad.meta.shape(),
+                            grad.meta.strides(),
+                        ));
+                        contiguous_copy(grad)
+                    }
+                    Some(grad) if written[p] => grad,
+                    _ => Cube::<B::Runtime>::float_zeros(
+                        Shape::new([numels[p]]),
+                        &self.device,
+                        self.dtypes[p].into(),
+                    ),
+                };
+                if numels[p] == 0 {
+                    self.grads[p] = Some(tensor);
+                    continue;
+                }
+                if tensor.shape().num_elements() != numels[p] {
+                    return Err(DistError::GradientShape {
+                        param: p,
+                        expected: numels[p],
+                        got: tensor.shape().num_elements(),
+                    });
+                }
+                let slice = Self::slice(&tensor, numels[p], p)?;
+                match owners {
+                    None => match groups.iter_mut().find(|(d, _)| *d == slice.dtype) {
+                        Some((_, group)) => group.push(slice),
+                        None => groups.push((slice.dtype, vec![slice])),
+                    },
+                    Some(flat) => {
+                        let counts = owned_counts(flat, p);
+                        pending.push(self.collectives.reduce_scatter(
+                            &slice,
+                            &counts,
+                            burn_dist_comm::ReduceOp::Avg,
+                        )?);
+                    }
+                }
+                self.grads[p] = Some(tensor);
+            }
+            for (_, group) in groups {
+                pending.push(
+                    self.collectives
+                        .all_reduce(&group, burn_dist_comm::ReduceOp::Avg)?,
+                );
+            }
+            launched.push(pending);
+        }
+        self.launches += 1;
+        Ok(launched)
+    }
+
+    fn owned_segment(
+        &mut self,
+        bucket: &Bucket,
+        flat: &FlatLayout,
+        rank: usize,
+    ) -> Result<Vec<f32>, DistError> {
+        let shard = flat.shard(rank);
+        let mut pieces = Vec::new();
+        for &p in &bucket.params {
+            let grad = self.grads[p].take();
+            let Some((_, within)) = owned_pieces(flat, p).find(|(q, _)| *q == rank) else {
+                continue;
+            };
+            let grad = grad.ok_or_else(|| {
+                DistError::Usage(format!("parameter #{p}: no reduced gradient on the device"))
+            })?;
+            let at = flat.offsets[p] + within.start - shard.start;
+            let piece = Self::slice(&grad, flat.numels[p], p)?.range(within);
+            let values = download(&piece, self.collectives.traffic(), rank)?;
+            pieces.push((at, to_f32(&values)));
+        }
+        pieces.sort_by_key(|(at, _)| *at);
+        let start = pieces.first().map_or(0, |(at, _)| *at);
+        let mut segment = Vec::new();
+        for (at, values) in pieces {
+            if at != start + segment.len() {
+                return Err(DistError::Usage(format!(
+                    "bucket pieces of rank {rank}'s shard are not contiguous at element {at}"
+                )));
+            }
+            segment.extend(values);
+        }
+        Ok(segment)
+    }
+
+    unsafe fn write_back(&mut self, p: usize, target: usize, scale: f32) -> Result<(), DistError> {
+        let grad = self
+            .grads
+            .get_mut(p)
+            .and_then(Option::take)
+            .ok_or_else(|| {
+                DistError::Usage(format!("parameter #{p}: no reduced gradient on the device"))
+            })?;
+        let grad = if scale == 1.0 {
+            grad
+        } else {
+            let dtype = grad.dtype;
+            Cube::float_mul_scalar(grad, Scalar::new(scale, &dtype))
+        };
+        // SAFETY: as the caller promised.
+        unsafe { *(target as *mut B::FloatTensorPrimitive) = B::from_cube(grad) };
+        Ok(())
+    }
+
+    fn read(&self, p: usize, scale: f32) -> Option<Vec<f32>> {
+        let grad = self.grads.get(p)?.clone()?;
+        let bytes = grad.shape().num_elements() * grad.dtype.size();
+        let data = read_sync(Cube::float_into_data(grad)).ok()?;
+        self.collectives.traffic().to_host(bytes);
+        let values = data.convert::<f32>().into_vec::<f32>().ok()?;
+        Some(values.into_iter().map(|v| v * scale).collect())
+    }
+
+    fn launches(&self) -> u64 {
+        self.launches
+    }
+
+    fn copies(&self) -> CopyCounts {
+        self.copies
+    }
+
+    fn traffic(&self) -> Traffic {
+        self.collectives.traffic().get()
+    }
+}
+
+/// The device collectives' element type for a gradient of `dtype`.
+fn device_dtype(dtype: DType, p: usize) -> Result<DeviceDType, DistError> {
+    Ok(match dtype {
+        DType::F32 | DType::Flex32 => DeviceDType::F32,
+        DType::F16 => DeviceDType::F16,
+        DType::BF16 => DeviceDType::BF16,
+        other => {
+            return Err(DistError::Usage(format!(
+                "parameter #{p}: the device reducer reduces f32, f16 and bf16 gradients; this \
+                 one is {other:?}"
+            )));
+        }
+    })
+}
+
+fn to_f32(values: &burn_dist_comm::HostBuffer) -> Vec<f32> {
+    use burn_dist_comm::HostBuffer;
+    match values {
+        HostBuffer::F32(v) => v.clone(),
+        HostBuffer::F16(v) => v.iter().map(|x| x.to_f32()).collect(),
+        HostBuffer::BF16(v) => v.iter().map(|x| x.to_f32()).collect(),
+        HostBuffer::U8(v) => v.iter().map(|&x| f32::from(x)).collect(),
+    }
+}
+
+/// Each rank's piece of parameter `p` in the flat layout: (owner, elements of `p`), non-empty
+/// only, in rank order.
+pub(crate) fn owned_pieces(
+    flat: &FlatLayout,
+    p: usize,
+) -> impl Iterator<Item = (usize, Range<usize>)> + '_ {
+    let offset = flat.offsets[p];
+    (0..flat.world).filter_map(move |q| {
+        let r = flat.in_shard(flat.param_range(p), q);
+        (!r.is_empty()).then(|| (q, r.start - offset..r.end - offset))
+    })
+}
+
+/// Per rank, how many of `p`'s elements it owns: the counts of `p`'s reduce-scatter (the
+/// shards are consecutive ranges, so the pieces follow each other in rank order).
+fn owned_counts(flat: &FlatLayout, p: usize) -> Vec<usize> {
+    let mut counts = vec![0; flat.world];
+    for (q, within) in owned_pieces(flat, p) {
+        counts[q] = within.len();
+    }
+    counts
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The pieces each ZeRO-2 call reduces to its owner are exactly the flat layout's pieces of
+    /// every shard (`FlatLayout::pieces`, computed per shard instead of per parameter).
+    #[test]
+    fn owned_pieces_are_the_flat_layouts_pieces_of_each_shard() {
+        let numels = [7, 1, 300, 12, 5, 0, 64];
+        for world in 1..=5 {
+            let flat = FlatLayout::new(&numels, world, 4);
+            let mut by_param: Vec<(usize, usize, Range<usize>)> = (0..numels.len())
+                .flat_map(|p| owned_pieces(&flat, p).map(move |(q, w)| (q, p, w)))
+                .collect();
+            let mut by_shard: Vec<(usize, usize, Range<usize>)> = (0..world)
+                .flat_map(|q| {
+                    flat.pieces(q)
+                        .into_iter()
+                        .map(move |pc| (q, pc.param, pc.within))
+                })
+                .collect();
+            by_param.sort_by_key(|(q, p, w)| (*q, *p, w.start));
+            by_shard.sort_by_key(|(q, p, w)| (*q, *p, w.start));
+            assert_eq!(by_param, by_shard, "world {world}");
+        }
+    }
+}

@@ -1,0 +1,170 @@
+//! The device path's CPU twin: `Autodiff<DistributedBackend<Wgpu>>` (Burn's default `Wgpu`,
+//! fusion on) and burn-cubecl without fusion, on Mesa's lavapipe, with the gradients kept in
+//! device memory and reduced in place by the staged device collectives, against the host path
+//! on Flex with one rank and the whole batch. The NCCL path runs the same reducer code above
+//! the same interface (`burn_dist_device`), so what is proven here holds there except for the
+//! collectives themselves (docs/testing.md).
+
+use burn::backend::Autodiff;
+use burn_cubecl::CubeBackend;
+use burn_dist::testing::{BurnAdam, Synthetic, train_ranks, train_ranks_with};
+use burn_dist::{BucketConfig, Ddp, DdpConfig, DistributedBackend, ReducerStats};
+use burn_flex::{Flex, FlexDevice};
+use burn_wgpu::{Wgpu, WgpuDevice, WgpuRuntime};
+
+/// Burn's `Wgpu` without fusion.
+type WgpuPlain = CubeBackend<WgpuRuntime, f32, i32, u32>;
+
+const STEPS: usize = 4;
+const LR: f64 = 1e-2;
+/// Divisible by 1, 2, 3 and 4.
+const GLOBAL_BATCH: usize = 12;
+/// lavapipe's f32 kernels sum in another order than Flex's.
+const TOLERANCE: f64 = 1e-4;
+
+/// Buckets small enough that the test models span several of them.
+fn config() -> DdpConfig {
+    DdpConfig::new().with_buckets(
+        BucketConfig::new()
+            .with_first_bucket_bytes(1024)
+            .with_bucket_bytes(4096),
+    )
+}
+
+/// The host path on Flex, one rank, the whole batch: the reference.
+fn reference(task: Synthetic, config: &DdpConfig) -> Vec<Vec<f32>> {
+    let ranks = train_ranks::<Autodiff<DistributedBackend<Flex>>>(
+        1,
+        config,
+        task,
+        &BurnAdam,
+        STEPS,
+        GLOBAL_BATCH,
+        LR,
+        &FlexDevice,
+    );
+    ranks.into_iter().next().expect("one rank")
+}
+
+/// `world` ranks on backend `D`'s device memory, with the staged device collectives.
+fn on_device<D: burn_dist::CubeResident<Device = WgpuDevice>>(
+    task: Synthetic,
+    world: usize,
+    config: &DdpConfig,
+) -> Vec<(Vec<Vec<f32>>, ReducerStats)> {
+    burn_dist_kernels::testing::wgpu_client();
+    let device = WgpuDevice::default();
+    train_ranks_with::<Autodiff<DistributedBackend<D>>>(
+        world,
+        |comm| Ddp::for_thread_staged::<D>(comm, config.clone(), &device),
+        task,
+        &BurnAdam,
+        STEPS,
+        GLOBAL_BATCH,
+        LR,
+        &device,
+    )
+}
+
+/// The f32 bytes of a model's parameters.
+fn model_bytes(params: &[Vec<f32>]) -> u64 {
+    4 * params.iter().map(Vec::len).sum::<usize>() as u64
+}
+
+/// Every rank ends on the reference's parameters, bitwise like every other rank, having
+/// reduced on the device: each step stages every gradient down and up exactly once.
+fn assert_twin(ranks: &[(Vec<Vec<f32>>, ReducerStats)], reference: &[Vec<f32>], what: &str) {
+    let per_step = model_bytes(reference);
+    for (rank, (params, stats)) in ranks.iter().enumerate() {
+        burn_dist::testing::assert_close(
+            params,
+            reference,
+            TOLERANCE,
+            &format!("{what}, rank {rank}"),
+        );
+        assert!(
+            params == &ranks[0].0,
+            "{what}: rank {rank}'s parameters differ from rank 0's"
+        );
+        assert_eq!(
+            (stats.bytes_to_host, stats.bytes_to_device),
+            (STEPS as u64 * per_step, STEPS as u64 * per_step),
+            "{what}, rank {rank}: the staged path moves each gradient down and up once per step"
+        );
+        assert!(
+            stats.device_launches > 0,
+            "{what}, rank {rank}: reduced on the host path"
+        );
+    }
+}
+
+#[test]
+fn wgpu_with_fusion_on_the_device_path_equals_flex_mlp_1_to_4_ranks() {
+    let reference = reference(Synthetic::Mlp, &config());
+    for world in 1..=4 {
+        let ranks = on_device::<Wgpu>(Synthetic::Mlp, world, &config());
+        assert_twin(
+            &ranks,
+            &reference,
+            &format!("MLP, Wgpu (fusion), {world} ranks"),
+        );
+    }
+}
+
+#[test]
+fn wgpu_with_fusion_on_the_device_path_equals_flex_transformer_block() {
+    let reference = reference(Synthetic::Transformer, &config());
+    for world in [1, 3] {
+        let ranks = on_device::<Wgpu>(Synthetic::Transformer, world, &config());
+        assert_twin(
+            &ranks,
+            &reference,
+            &format!("transformer, Wgpu (fusion), {world} ranks"),
+        );
+    }
+}
+
+#[test]
+fn wgpu_without_fusion_on_the_device_path_equals_flex() {
+    let reference = reference(Synthetic::Transformer, &config());
+    let ranks = on_device::<WgpuPlain>(Synthetic::Transformer, 2, &config());
+    assert_twin(&ranks, &reference, "transformer, Wgpu (no fusion), 2 ranks");
+}
+
+#[test]
+fn accumulation_on_the_device_path_equals_one_step_on_the_whole_batch() {
+    let reference = reference(Synthetic::Mlp, &config());
+    let ranks = on_device::<Wgpu>(Synthetic::Mlp, 2, &config().with_accumulation_steps(3));
+    assert_twin(
+        &ranks,
+        &reference,
+        "MLP, Wgpu (fusion), 2 ranks × 3 micro-batches",
+    );
+}
+
+#[test]
+fn a_flex_gradient_on_a_wgpu_device_reducer_fails_naming_both_backends() {
+    use burn_dist::testing::{MLP_SIZES, Mlp};
+    burn_dist_kernels::testing::wgpu_client();
+    let comm = burn_dist_comm::HostCommunicator::local_group(1, &Default::default())
+        .pop()
+        .expect("one rank");
+    let mut ddp = Ddp::for_thread_staged::<Wgpu>(comm, config(), &WgpuDevice::default());
+    type F = Autodiff<DistributedBackend<Flex>>;
+    let model = ddp
+        .prepare(Mlp::<F>::new(&MLP_SIZES, 7, &FlexDevice))
+        .expect("prepare");
+    let x = burn::tensor::Tensor::<F, 2>::ones([2, MLP_SIZES[0]], &FlexDevice);
+    let err = ddp
+        .backward(model.forward(x).sum(), &model)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("the device reducer was set up for gradients of"),
+        "{err}"
+    );
+    assert!(
+        err.contains("FusionTensor") && err.contains("FlexTensor"),
+        "{err}"
+    );
+}
