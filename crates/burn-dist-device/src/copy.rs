@@ -12,17 +12,19 @@ use crate::traffic::TrafficCounter;
 /// Units per cube of the copy.
 const CUBE_SIZE: u32 = 256;
 
-/// `dst[dst_offset + i] = src[src_offset + i]` for `i < len`.
+/// `dst[dst_offset + i] = src[src_offset + i]` for `i < len`, converted to `O` (rounded to
+/// nearest even when it narrows).
 #[cube(launch)]
-fn copy_range<E: Float>(
-    src: &Array<E>,
-    dst: &mut Array<E>,
+fn copy_range<I: Float, O: Float>(
+    src: &Array<I>,
+    dst: &mut Array<O>,
     src_offset: u32,
     dst_offset: u32,
     len: u32,
 ) {
     if ABSOLUTE_POS < len as usize {
-        dst[dst_offset as usize + ABSOLUTE_POS] = src[src_offset as usize + ABSOLUTE_POS];
+        dst[dst_offset as usize + ABSOLUTE_POS] =
+            O::cast_from(src[src_offset as usize + ABSOLUTE_POS]);
     }
 }
 
@@ -51,20 +53,39 @@ pub(crate) fn check_dtype<R: Runtime>(
     }
 }
 
-/// Copies `src` into `dst` (same length and dtype) with the copy kernel, on the device.
+/// Copies `src` into `dst` on the device, converting from `src`'s dtype to `dst`'s. Both must
+/// have the same length and lie inside their buffers; the runtime must have both dtypes.
+pub fn copy<R: Runtime>(src: &DeviceSlice<R>, dst: &DeviceSlice<R>, rank: usize) -> Result<()> {
+    const OP: &str = "copying a device slice";
+    for slice in [src, dst] {
+        slice.check(rank, OP)?;
+        check_dtype(&slice.client, slice.dtype, rank, OP)?;
+    }
+    if src.len != dst.len {
+        return Err(DeviceError::Device {
+            rank,
+            op: OP,
+            reason: format!("{} elements into {}", src.len, dst.len),
+        });
+    }
+    copy_slice(src, dst);
+    Ok(())
+}
+
+/// [`copy`] without the checks (the callers here checked).
 pub(crate) fn copy_slice<R: Runtime>(src: &DeviceSlice<R>, dst: &DeviceSlice<R>) {
-    debug_assert_eq!((src.len, src.dtype), (dst.len, dst.dtype));
+    debug_assert_eq!(src.len, dst.len);
     if src.len == 0 {
         return;
     }
     let client = &dst.client;
     let count = cubecl::calculate_cube_count_elemwise(client, src.len, CubeDim::new_1d(CUBE_SIZE));
     macro_rules! launch {
-        ($e:ty) => {
+        ($i:ty, $o:ty) => {
             // SAFETY: both ranges were checked against their buffers' sizes (`check`), and
             // the kernel writes only `dst[dst_offset..dst_offset + len]`.
             unsafe {
-                copy_range::launch::<$e, R>(
+                copy_range::launch::<$i, $o, R>(
                     client,
                     count,
                     CubeDim::new_1d(CUBE_SIZE),
@@ -77,10 +98,19 @@ pub(crate) fn copy_slice<R: Runtime>(src: &DeviceSlice<R>, dst: &DeviceSlice<R>)
             }
         };
     }
+    macro_rules! to {
+        ($i:ty) => {
+            match dst.dtype {
+                DeviceDType::F32 => launch!($i, f32),
+                DeviceDType::F16 => launch!($i, half::f16),
+                DeviceDType::BF16 => launch!($i, half::bf16),
+            }
+        };
+    }
     match src.dtype {
-        DeviceDType::F32 => launch!(f32),
-        DeviceDType::F16 => launch!(half::f16),
-        DeviceDType::BF16 => launch!(half::bf16),
+        DeviceDType::F32 => to!(f32),
+        DeviceDType::F16 => to!(half::f16),
+        DeviceDType::BF16 => to!(half::bf16),
     }
 }
 

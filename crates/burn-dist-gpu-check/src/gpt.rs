@@ -6,7 +6,8 @@
 //!   clipping (Burn has no autocast, and gpt-pretrain's AdamW refuses f16/bf16 parameters,
 //!   which would lose small updates without f32 master weights);
 //! - `gpt/burn-dist-bf16`: bf16 parameters and compute, ZeroAdam with its f32 master weights and
-//!   moments on the GPU (`ZeroAdam::on_device`: the fused kernels), same clipping.
+//!   moments on the GPU (`ZeroAdam::on_device`: the fused kernels, the gradient shard and the
+//!   parameter all-gather in device memory), same clipping.
 //!
 //! `gpt2_torch.py` runs the same shape, batch and sequence length in PyTorch (bf16 autocast,
 //! fused AdamW, SDPA, TF32), and the report puts the lines side by side: tokens/s and MFU by the
@@ -18,8 +19,6 @@
 use burn_dist::{CudaBackend, CudaDevice, DdpConfig, DistributedBackend};
 use burn_dist_zero::ZeroAdam;
 use clap::Parser;
-use cubecl::Runtime;
-use cubecl::cuda::CudaRuntime;
 use gpt_pretrain::cli::Args;
 use gpt_pretrain::train::PlaceOptimizer;
 use serde_json::json;
@@ -126,11 +125,12 @@ fn measure(variant: &Variant, device_index: usize) -> Result<serde_json::Value, 
         ]);
     let args = Args::try_parse_from(args).map_err(|e| e.to_string())?;
     let device = CudaDevice::new(device_index);
-    let on_device = |zero: ZeroAdam| zero.on_device(CudaRuntime::client(&device));
+    let on_device =
+        |zero: ZeroAdam, ddp: &burn_dist::Ddp| zero.on_device::<CudaBackend>(ddp, &device);
     let place: PlaceOptimizer = if variant.zero_on_device {
         &on_device
     } else {
-        &Ok
+        &|zero, _| Ok(zero)
     };
     // Each variant joins (and, dropping its Ddp, leaves) its own world-size-1 group.
     let mut ddp = crate::ddp_step::join(&device, DdpConfig::new())?;

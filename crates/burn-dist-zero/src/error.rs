@@ -9,6 +9,10 @@ pub enum ZeroError {
     /// Boxed: a checkpoint error can itself carry a `ZeroError`.
     #[error(transparent)]
     Checkpoint(Box<crate::checkpoint::CheckpointError>),
+    /// A collective on device memory failed (feature `device`).
+    #[cfg(feature = "device")]
+    #[error(transparent)]
+    Device(#[from] burn_dist_device::DeviceError),
     #[error("{0}")]
     Usage(String),
 }

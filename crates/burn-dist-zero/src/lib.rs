@@ -5,8 +5,9 @@
 
 pub mod checkpoint;
 mod config;
-mod device;
 mod error;
+#[cfg(feature = "device")]
+mod resident;
 mod zero_adam;
 
 /// The flat layout lives in burn-dist: its reducer cuts ZeRO-2 buckets at the same shard

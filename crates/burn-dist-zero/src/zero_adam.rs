@@ -20,14 +20,15 @@ use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Tensor, TensorData};
 use burn_dist::{Ddp, GradScaler, ParamInfo};
 use burn_dist_comm::{Communicator, HostBuffer, HostCommunicator};
-use burn_dist_kernels::{
-    Hyper, ModelCopy, StepScalars, adam_update, clip_factor, unscale_and_check,
-};
+#[cfg(feature = "device")]
+use burn_dist_kernels::Hyper;
+use burn_dist_kernels::{ModelCopy, StepScalars, adam_update, clip_factor, unscale_and_check};
 
 use crate::config::ZeroAdamConfig;
-use crate::device::{DeviceShard, FusedShard};
 use crate::error::{Result, ZeroError};
 use crate::flat::{FlatLayout, Piece};
+#[cfg(feature = "device")]
+use crate::resident::{Resident, ResidentState};
 
 /// Adam(W) with sharded state. Build it with [`ZeroAdamConfig::init`].
 pub struct ZeroAdam {
@@ -44,9 +45,10 @@ pub struct ZeroAdam {
     time: Vec<u32>,
     /// Steps skipped because some rank found inf/NaN.
     skipped: u64,
-    /// When set, master, m and v live on this device (the host vectors are empty) and the
-    /// fused kernels update them.
-    device: Option<Box<dyn DeviceShard>>,
+    /// When set, master, m, v and the gradient shard live in the model's device memory (the
+    /// host vectors are empty) and the fused kernels update them (feature `device`).
+    #[cfg(feature = "device")]
+    device: Option<Box<dyn ResidentState>>,
 }
 
 /// One rank's optimizer state: its shard of the fp32 master weights and moments, and the
@@ -120,6 +122,7 @@ impl ZeroAdam {
             pieces,
             config,
             skipped: 0,
+            #[cfg(feature = "device")]
             device: None,
         })
     }
@@ -132,29 +135,68 @@ impl ZeroAdam {
     /// Optimizer-state floats this rank holds (master weights, first and second moments), on
     /// the host or on the device.
     pub fn state_len(&self) -> usize {
-        match self.device {
-            Some(_) => 3 * self.layout.shard_len,
-            None => self.master.len() + self.m.len() + self.v.len(),
+        #[cfg(feature = "device")]
+        if self.device.is_some() {
+            return 3 * self.layout.shard_len;
         }
+        self.master.len() + self.m.len() + self.v.len()
     }
 
-    /// Moves the optimizer state to `client`'s device: from now on each step runs the fused
-    /// kernels of `burn-dist-kernels` there (unscale + inf/NaN check + norm, then the clipped
-    /// Adam(W) update), and only the gradient shard, two statistics and the updated master
-    /// weights cross between host and device. Every parameter must then have a gradient at
-    /// every step (the kernels count steps for the whole shard, Burn per parameter).
-    pub fn on_device<R: cubecl::Runtime>(
+    /// Moves the optimizer state into the device memory of the model's backend `D` (a
+    /// burn-cubecl backend, fusion on or off, with `ddp` on the device path:
+    /// `Ddp::init_nccl::<D>`, `Ddp::init_staged::<D>`). From then on a step runs entirely
+    /// there: the gradient shard is gathered from the gradients on the device (stage 1), the
+    /// fused kernels of `burn-dist-kernels` update master weights and moments in place, and
+    /// the new parameters are all-gathered device to device in the model's dtype by the
+    /// reducer's collectives; only a few scalars cross to the host ([`ZeroAdam::traffic`]).
+    /// Every parameter must then have a gradient at every step (the kernels count steps for
+    /// the whole shard, Burn per parameter), and all parameters must share one dtype.
+    #[cfg(feature = "device")]
+    pub fn on_device<D: burn_dist::CubeResident>(
         mut self,
-        client: cubecl::prelude::ComputeClient<R>,
+        ddp: &Ddp,
+        device: &D::Device,
     ) -> Result<Self> {
+        let collectives = ddp.device_collectives::<D::Runtime>().ok_or_else(|| {
+            ZeroError::Usage(format!(
+                "ZeroAdam's device state needs the `Ddp` on the device path of the same runtime \
+                 (`Ddp::init_staged::<B>` or `Ddp::init_nccl::<B>` with B = {})",
+                std::any::type_name::<D>()
+            ))
+        })?;
+        let dtype = self.params[0].dtype;
+        if let Some(other) = self.params.iter().find(|p| p.dtype != dtype) {
+            return Err(ZeroError::Usage(format!(
+                "the device step writes one dtype for the whole model, but {} is {:?} and {} is \
+                 {:?}",
+                self.params[0].name, dtype, other.name, other.dtype
+            )));
+        }
         let steps = self.uniform_step_count(&self.time)?;
-        let shard = FusedShard::new(client, &self.master, &self.m, &self.v, steps);
-        tracing::info!(device = %shard.name(), "ZeroAdam state moved to the device");
-        self.device = Some(Box::new(shard));
+        let resident = Resident::<D>::new(
+            collectives,
+            device,
+            self.layout.clone(),
+            dtype,
+            &self.master,
+            &self.m,
+            &self.v,
+            steps,
+        )?;
+        tracing::info!(device = %resident.name(), "ZeroAdam state moved to the device");
+        self.device = Some(Box::new(resident));
         (self.master, self.m, self.v) = (Vec::new(), Vec::new(), Vec::new());
         Ok(self)
     }
 
+    /// Bytes the optimizer and the reducer's device collectives have moved between host and
+    /// device so far (they share one counter); `None` on the host path.
+    #[cfg(feature = "device")]
+    pub fn traffic(&self) -> Option<burn_dist::Traffic> {
+        self.device.as_ref().map(|device| device.traffic())
+    }
+
+    #[cfg(feature = "device")]
     /// The step count every parameter shares in `time` (per parameter), as the device's single
     /// counter needs.
     fn uniform_step_count(&self, time: &[u32]) -> Result<u32> {
@@ -171,10 +213,13 @@ impl ZeroAdam {
 
     /// This rank's optimizer state, for checkpoints.
     pub fn export(&self) -> OptimizerShard {
+        #[cfg(feature = "device")]
         let [master, m, v] = match &self.device {
             Some(device) => device.state(),
             None => [self.master.clone(), self.m.clone(), self.v.clone()],
         };
+        #[cfg(not(feature = "device"))]
+        let [master, m, v] = [self.master.clone(), self.m.clone(), self.v.clone()];
         OptimizerShard {
             rank: self.comm.rank(),
             layout: self.layout.clone(),
@@ -201,19 +246,21 @@ impl ZeroAdam {
                 self.layout.world
             )));
         }
-        // Checked before anything changes.
-        let device_steps = match self.device {
-            Some(_) => Some(self.uniform_step_count(&shard.time)?),
-            None => None,
-        };
-        self.time = shard.time;
-        if let (Some(device), Some(steps)) = (self.device.as_mut(), device_steps) {
-            device.load(&shard.master, &shard.m, &shard.v, steps);
-        } else {
-            self.master = shard.master;
-            self.m = shard.m;
-            self.v = shard.v;
+        #[cfg(feature = "device")]
+        if self.device.is_some() {
+            // Checked before anything changes.
+            let steps = self.uniform_step_count(&shard.time)?;
+            if let Some(device) = self.device.as_mut() {
+                device.load(&shard.master, &shard.m, &shard.v, steps);
+            }
+            self.time = shard.time;
+            self.skipped = shard.skipped;
+            return Ok(());
         }
+        self.time = shard.time;
+        self.master = shard.master;
+        self.m = shard.m;
+        self.v = shard.v;
         self.skipped = shard.skipped;
         Ok(())
     }
@@ -261,6 +308,10 @@ impl ZeroAdam {
         ddp: &Ddp,
         inv_scale: f32,
     ) -> Result<(M, StepReport)> {
+        #[cfg(feature = "device")]
+        if self.device.is_some() {
+            return self.step_on_device::<B, M>(lr, model, grads, ddp, inv_scale);
+        }
         // 1. This rank's shard of the gradient.
         let (mut grad, present, has_grad) = if self.config.stage == 2 {
             let shard = ddp.take_gradient_shard()?;
@@ -283,55 +334,14 @@ impl ZeroAdam {
         };
 
         // 2. Agree on found-inf and the global norm.
-        let (found_inf, sum_sq) = match self.device.as_mut() {
-            None => unscale_and_check(&mut grad, inv_scale),
-            Some(device) => {
-                if let Some(p) = has_grad.iter().position(|&h| !h) {
-                    return Err(ZeroError::Usage(format!(
-                        "the fused device step needs a gradient for every parameter, and {} has \
-                         none in this step (no rank used it)",
-                        self.params[p].name
-                    )));
-                }
-                device.check(&grad, inv_scale)
-            }
-        };
-        let (found_inf, total_sum_sq) = self.agree(found_inf, sum_sq)?;
-        let clip = clip_factor(total_sum_sq, self.config.max_grad_norm);
-        let report = StepReport {
-            grad_norm: total_sum_sq.sqrt(),
-            clip,
-            skipped: found_inf,
-        };
+        let (found_inf, sum_sq) = unscale_and_check(&mut grad, inv_scale);
+        let (report, _) = self.conclude(found_inf, sum_sq, &has_grad)?;
+        let (found_inf, clip) = (report.skipped, report.clip);
 
         // 3. Clipped Adam(W) on the shard, parameter by parameter (Burn keeps a step count per
         //    parameter, and a parameter without a gradient is left alone).
-        if found_inf {
-            self.skipped += 1;
-        } else {
-            // Every rank counts every parameter's steps, so that any rank's checkpoint (and any
-            // resharding) knows them all.
-            for (time, &stepped) in self.time.iter_mut().zip(&has_grad) {
-                *time += u32::from(stepped);
-            }
-        }
-        let scalars = |step| StepScalars {
-            lr: lr as f32,
-            beta1: self.config.beta_1,
-            beta2: self.config.beta_2,
-            eps: self.config.epsilon,
-            weight_decay: self.config.weight_decay,
-            decoupled: self.config.decoupled_weight_decay,
-            step,
-        };
-        if let Some(device) = self.device.as_mut() {
-            // The kernels skip the update themselves when found-inf, and count the step.
-            let hyper = Hyper {
-                scalars: scalars(0),
-                max_norm: self.config.max_grad_norm,
-            };
-            device.update(found_inf, total_sum_sq, hyper);
-        } else if !found_inf {
+        let scalars = |step| self.config.scalars(lr, step);
+        if !found_inf {
             for (piece, has_grad) in self.pieces.iter().zip(&present) {
                 if !has_grad {
                     continue;
@@ -352,13 +362,12 @@ impl ZeroAdam {
         }
 
         // 4. Everyone gets every updated shard.
-        let master = match &self.device {
-            Some(device) => device.master(),
-            None => self.master.clone(),
-        };
         let full = self
             .comm
-            .all_gather(HostBuffer::F32(master), self.layout.padded_len())
+            .all_gather(
+                HostBuffer::F32(self.master.clone()),
+                self.layout.padded_len(),
+            )
             .wait()?;
         let HostBuffer::F32(full) = full else {
             unreachable!("f32 all-gather")
@@ -367,6 +376,107 @@ impl ZeroAdam {
             params: &self.params,
             layout: &self.layout,
             flat: &full,
+            _b: Default::default(),
+        });
+        Ok((ddp.mark(model), report))
+    }
+
+    /// Agrees with every rank on found-inf and the global norm (from this shard's), counts the
+    /// step (per parameter that had a gradient) or the skip, and reports; also returns the
+    /// total sum of squares.
+    fn conclude(
+        &mut self,
+        found_inf: bool,
+        sum_sq: f64,
+        has_grad: &[bool],
+    ) -> Result<(StepReport, f64)> {
+        let (found_inf, total_sum_sq) = self.agree(found_inf, sum_sq)?;
+        let report = StepReport {
+            grad_norm: total_sum_sq.sqrt(),
+            clip: clip_factor(total_sum_sq, self.config.max_grad_norm),
+            skipped: found_inf,
+        };
+        if found_inf {
+            self.skipped += 1;
+        } else {
+            // Every rank counts every parameter's steps, so that any rank's checkpoint (and any
+            // resharding) knows them all.
+            for (time, &stepped) in self.time.iter_mut().zip(has_grad) {
+                *time += u32::from(stepped);
+            }
+        }
+        Ok((report, total_sum_sq))
+    }
+
+    /// The step of [`ZeroAdam::on_device`]: the gradient shard, the update and the new
+    /// parameters stay in device memory.
+    #[cfg(feature = "device")]
+    fn step_on_device<B: AutodiffBackend, M: AutodiffModule<B>>(
+        &mut self,
+        lr: f64,
+        model: M,
+        grads: GradientsParams,
+        ddp: &Ddp,
+        inv_scale: f32,
+    ) -> Result<(M, StepReport)> {
+        let mut device = self.device.take().expect("called on the device path");
+        let stepped = self.device_step::<B, M>(&mut *device, lr, model, grads, ddp, inv_scale);
+        self.device = Some(device);
+        stepped
+    }
+
+    #[cfg(feature = "device")]
+    fn device_step<B: AutodiffBackend, M: AutodiffModule<B>>(
+        &mut self,
+        device: &mut dyn ResidentState,
+        lr: f64,
+        model: M,
+        grads: GradientsParams,
+        ddp: &Ddp,
+        inv_scale: f32,
+    ) -> Result<(M, StepReport)> {
+        // 1. This rank's shard of the gradient, on the device.
+        let has_grad = if self.config.stage == 2 {
+            let shard = ddp.take_gradient_shard()?;
+            device.gradient_shard(&shard.values)?;
+            shard.used
+        } else {
+            let mut gather = crate::resident::GatherShard::<B> {
+                params: &self.params,
+                pieces: &self.pieces,
+                grads: &grads,
+                device: &mut *device,
+                has_grad: vec![false; self.params.len()],
+                error: None,
+                _b: Default::default(),
+            };
+            model.visit(&mut gather);
+            if let Some(error) = gather.error {
+                return Err(error);
+            }
+            gather.has_grad
+        };
+        if let Some(p) = has_grad.iter().position(|&h| !h) {
+            return Err(ZeroError::Usage(format!(
+                "the fused device step needs a gradient for every parameter, and {} has none in \
+                 this step (no rank used it)",
+                self.params[p].name
+            )));
+        }
+        // 2. Agree on found-inf and the global norm (two scalars each way).
+        let (found_inf, sum_sq) = device.check(inv_scale)?;
+        let (report, total_sum_sq) = self.conclude(found_inf, sum_sq, &has_grad)?;
+        // 3. The kernels skip the update themselves when found-inf, and count the step.
+        let hyper = Hyper {
+            scalars: self.config.scalars(lr, 0),
+            max_norm: self.config.max_grad_norm,
+        };
+        device.update(report.skipped, total_sum_sq, hyper)?;
+        // 4. Every rank's new parameters, device to device, into the model.
+        device.gather()?;
+        let model = model.map(&mut crate::resident::WriteDeviceParams::<B> {
+            params: &self.params,
+            device: &*device,
             _b: Default::default(),
         });
         Ok((ddp.mark(model), report))
@@ -389,6 +499,21 @@ impl ZeroAdam {
             any_inf |= rank[8] != 0;
         }
         Ok((any_inf || !total.is_finite(), total))
+    }
+}
+
+impl ZeroAdamConfig {
+    /// The update's scalars at learning rate `lr` and step `step`.
+    fn scalars(&self, lr: f64, step: u32) -> StepScalars {
+        StepScalars {
+            lr: lr as f32,
+            beta1: self.beta_1,
+            beta2: self.beta_2,
+            eps: self.epsilon,
+            weight_decay: self.weight_decay,
+            decoupled: self.decoupled_weight_decay,
+            step,
+        }
     }
 }
 

@@ -4,30 +4,41 @@
 
 use burn::backend::Autodiff;
 use burn::tensor::Tensor;
+use burn::tensor::backend::AutodiffBackend;
 use burn_dist::testing::{
     MLP_SIZES, Mlp, overflow_on_this_rank, parameters, shard_rows, synthetic_rows,
 };
 use burn_dist::{Ddp, DdpConfig, DistributedBackend, GradScalerConfig};
 use burn_dist_comm::testing::run_ranks;
 use burn_dist_comm::{CommConfig, HostCommunicator};
-use burn_dist_zero::ZeroAdamConfig;
+use burn_dist_zero::{ZeroAdam, ZeroAdamConfig};
 use burn_flex::{Flex, FlexDevice};
+use burn_wgpu::{Wgpu, WgpuDevice};
 
+/// The host path.
 type B = Autodiff<DistributedBackend<Flex>>;
+/// The device path's CPU twin: Burn's `Wgpu` (fusion on) on lavapipe.
+type OnWgpu = Autodiff<DistributedBackend<Wgpu>>;
 
 const GLOBAL_BATCH: usize = 12;
 
-fn loss(model: &Mlp<B>, step: usize, rows: std::ops::Range<usize>) -> Tensor<B, 1> {
+fn loss<A: AutodiffBackend>(
+    model: &Mlp<A>,
+    step: usize,
+    rows: std::ops::Range<usize>,
+    device: &A::Device,
+) -> Tensor<A, 1> {
     let [input, .., output] = MLP_SIZES;
-    let x = synthetic_rows::<B, 2>(0, step, [GLOBAL_BATCH, input], rows.clone(), &FlexDevice);
-    let y = synthetic_rows::<B, 2>(1, step, [GLOBAL_BATCH, output], rows, &FlexDevice);
+    let x = synthetic_rows::<A, 2>(0, step, [GLOBAL_BATCH, input], rows.clone(), device);
+    let y = synthetic_rows::<A, 2>(1, step, [GLOBAL_BATCH, output], rows, device);
     (model.forward(x) - y).powi_scalar(2).mean()
 }
 
-/// Trains 3 ranks for `steps` with ZeRO `stage`, on the host or (`on_device`) with the fused
-/// kernels on the wgpu device. With `scaled`, through a GradScaler; `poison(rank, step)`
-/// overflows that rank's averaged gradient (its shard at stage 2) at that step, on that rank
-/// only. Returns (parameters, scale, skipped) per rank.
+/// Trains 3 ranks for `steps` with ZeRO `stage`, on the host (Flex) or (`on_device`) with the
+/// optimizer state, the gradients and the parameters in wgpu device memory. With `scaled`,
+/// through a GradScaler; `poison(rank, step)` overflows that rank's averaged gradient (its
+/// shard at stage 2) at that step, on that rank only. Returns (parameters, scale, skipped) per
+/// rank.
 fn train(
     stage: u8,
     on_device: bool,
@@ -35,24 +46,42 @@ fn train(
     scaled: bool,
     poison: &(dyn Fn(usize, usize) -> bool + Sync),
 ) -> Vec<(Vec<Vec<f32>>, f32, u64)> {
+    if on_device {
+        burn_dist_kernels::testing::wgpu_client();
+        let device = WgpuDevice::default();
+        let make = |comm| Ddp::for_thread_staged::<Wgpu>(comm, DdpConfig::new(), &device);
+        let place = |zero: ZeroAdam, ddp: &Ddp| zero.on_device::<Wgpu>(ddp, &device).unwrap();
+        train_on::<OnWgpu>(&device, &make, &place, stage, steps, scaled, poison)
+    } else {
+        let make = |comm| Ddp::for_thread(comm, DdpConfig::new());
+        let place = |zero: ZeroAdam, _: &Ddp| zero;
+        train_on::<B>(&FlexDevice, &make, &place, stage, steps, scaled, poison)
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn train_on<A: AutodiffBackend>(
+    device: &A::Device,
+    make_ddp: &(dyn Fn(HostCommunicator) -> Ddp + Sync),
+    place: &(dyn Fn(ZeroAdam, &Ddp) -> ZeroAdam + Sync),
+    stage: u8,
+    steps: &[usize],
+    scaled: bool,
+    poison: &(dyn Fn(usize, usize) -> bool + Sync),
+) -> Vec<(Vec<Vec<f32>>, f32, u64)> {
     run_ranks(
         HostCommunicator::local_group(3, &CommConfig::default()),
         |rank, comm| {
-            let mut ddp = Ddp::for_thread(comm, DdpConfig::new());
-            let mut model = ddp
-                .prepare(Mlp::<B>::new(&MLP_SIZES, 7, &FlexDevice))
-                .unwrap();
-            let mut zero = ZeroAdamConfig::new()
+            let mut ddp = make_ddp(comm);
+            let mut model = ddp.prepare(Mlp::<A>::new(&MLP_SIZES, 7, device)).unwrap();
+            let zero = ZeroAdamConfig::new()
                 .with_stage(stage)
-                .init::<B, _>(&ddp, &model)
+                .init::<A, _>(&ddp, &model)
                 .unwrap();
-            if on_device {
-                let client = burn_dist_kernels::testing::wgpu_client();
-                zero = zero.on_device(client).unwrap();
-            }
+            let mut zero = place(zero, &ddp);
             let mut scaler = GradScalerConfig::new().with_growth_interval(2).init();
             for &step in steps {
-                let mut l = loss(&model, step, shard_rows(GLOBAL_BATCH, rank, 3));
+                let mut l = loss(&model, step, shard_rows(GLOBAL_BATCH, rank, 3), device);
                 if scaled {
                     l = scaler.scale_loss(l);
                 }
@@ -69,7 +98,7 @@ fn train(
                 };
             }
             (
-                parameters::<B, _>(&model),
+                parameters::<A, _>(&model),
                 scaler.scale(),
                 zero.skipped_steps(),
             )
@@ -94,7 +123,7 @@ fn power_of_two_loss_scale_changes_nothing() {
 
 #[test]
 fn inf_on_one_rank_skips_the_step_on_every_rank_without_advancing_adam() {
-    for (stage, on_device) in [(1, false), (2, false), (2, true)] {
+    for (stage, on_device) in [(1, false), (2, false), (1, true), (2, true)] {
         let poisoned = train(stage, on_device, &[0, 1, 2, 3, 4], true, &|rank, step| {
             rank == 1 && step == 2
         });

@@ -55,6 +55,10 @@ pub struct Ddp {
     accumulation: usize,
     /// Keeps the store alive on rank 0 for as long as training runs.
     _group: Option<Group>,
+    /// Device path: the reducer's device collectives (an `Arc<dyn DeviceCollectives<R>>`), for
+    /// the optimizer's own collectives on the same device memory.
+    #[cfg(feature = "device")]
+    device: Option<Arc<dyn std::any::Any + Send + Sync>>,
 }
 
 impl Ddp {
@@ -150,15 +154,29 @@ impl Ddp {
     /// Installs the device store of backend `B` over `collectives` in this rank's reducer.
     #[cfg(feature = "device")]
     fn on_device<B: crate::CubeResident>(
-        self,
+        mut self,
         collectives: Arc<dyn crate::DeviceCollectives<B::Runtime>>,
         device: <B::Runtime as burn_cubecl::cubecl::Runtime>::Device,
     ) -> Ddp {
         lock(&self.reducer).use_device(Box::new(crate::device::DeviceStore::<B>::new(
-            collectives,
+            collectives.clone(),
             device,
         )));
+        self.device = Some(Arc::new(collectives));
         self
+    }
+
+    /// Device path: the collectives the reducer uses on runtime `R`'s memory (NCCL, or staged
+    /// through the host), for an optimizer whose state lives there too; `None` on the host path
+    /// or for another runtime.
+    #[cfg(feature = "device")]
+    pub fn device_collectives<R: burn_cubecl::cubecl::Runtime>(
+        &self,
+    ) -> Option<Arc<dyn crate::DeviceCollectives<R>>> {
+        self.device
+            .as_ref()?
+            .downcast_ref::<Arc<dyn crate::DeviceCollectives<R>>>()
+            .cloned()
     }
 
     /// Whether this rank reduces gradients in place on the GPU (NCCL, [`Ddp::init_nccl`]).
@@ -195,6 +213,8 @@ impl Ddp {
             params: Vec::new(),
             accumulation,
             _group: group,
+            #[cfg(feature = "device")]
+            device: None,
         }
     }
 

@@ -47,12 +47,12 @@ pub fn run<B: AutodiffBackend>(args: &Args, device: &B::Device) -> Result<Outcom
         let comm = HostCommunicator::local_group(1, &CommConfig::default()).remove(0);
         Ddp::for_thread(comm, config)
     };
-    run_with::<B>(args, &mut ddp, device, &Ok)
+    run_with::<B>(args, &mut ddp, device, &|zero, _| Ok(zero))
 }
 
 /// Where ZeroAdam's state goes once built: `Ok` keeps it on the host; the GPU check passes
 /// `|zero| zero.on_device(client)` to step with the fused kernels on the GPU.
-pub type PlaceOptimizer<'a> = &'a dyn Fn(ZeroAdam) -> burn_dist_zero::Result<ZeroAdam>;
+pub type PlaceOptimizer<'a> = &'a dyn Fn(ZeroAdam, &Ddp) -> burn_dist_zero::Result<ZeroAdam>;
 
 /// Runs the job described by `args` with a `Ddp` the caller built (e.g. the GPU check's, whose
 /// reducer runs on NCCL); its accumulation must be `args.accumulation`. `place` moves
@@ -132,7 +132,7 @@ impl<'a, B: AutodiffBackend> Trainer<'a, B> {
                     .with_max_grad_norm(max_grad_norm)
                     .with_stage(args.zero_stage)
                     .init::<B, _>(ddp, &model)
-                    .and_then(place)
+                    .and_then(|zero| place(zero, ddp))
                     .map_err(|e| format!("--optimizer zero: {e}"))?,
             )),
             OptimizerKind::Adamw => Optim::AdamW(

@@ -1,0 +1,353 @@
+//! ZeroAdam's state and step in device memory (feature `device`): the fp32 master weights, the
+//! moments and the gradient shard live in buffers of the model's runtime; the fused kernels of
+//! `burn-dist-kernels` update them in place; the new parameters are all-gathered device to
+//! device, in the model's dtype, by the reducer's device collectives, and become the model's
+//! tensors without a copy through the host.
+//!
+//! Per step only scalars cross to the host: the shard's (sum of squares, found-inf) down, the
+//! agreed totals, `1 / loss_scale` and the step's hyper-parameters up. At ZeRO stage 2 the
+//! gradient shard still arrives from the reducer's host shard (uploaded, and counted).
+//!
+//! The kernels keep one step counter for the whole shard, where Burn (and the host path) count
+//! per parameter. The two agree whenever every parameter has a gradient at every step, which
+//! this path requires (a step where a parameter has none is refused, naming it).
+
+use std::any::Any;
+use std::sync::Arc;
+
+use burn::tensor::{DType, Shape};
+use burn_cubecl::cubecl::Runtime;
+use burn_cubecl::tensor::CubeTensor;
+use burn_dist::CubeResident;
+use burn_dist_device::{
+    DeviceCollectives, DeviceDType, DeviceSlice, Traffic, TrafficCounter, copy, upload_into,
+};
+use burn_dist_kernels::{FusedAdam, Hyper, ModelDtype, StepBuffers};
+
+use crate::error::{Result, ZeroError};
+use crate::flat::{FlatLayout, Piece};
+
+/// Bytes of the hyper-parameters `FusedAdam::update` uploads each step (nine f32).
+const HYPER_BYTES: usize = 9 * 4;
+
+/// What ZeroAdam asks of its device state, whatever the backend (ZeroAdam is not generic).
+pub(crate) trait ResidentState: Send {
+    /// Stage 1: copies `piece` of the parameter's gradient (`grad`, the backend's float
+    /// primitive) into the gradient shard, on the device.
+    fn gradient_piece(&mut self, piece: &Piece, grad: &dyn Any) -> Result<()>;
+    /// Stage 2: the reducer's (host) gradient shard, uploaded.
+    fn gradient_shard(&mut self, values: &[f32]) -> Result<()>;
+    /// Pass 1 on the shard; this shard's (found_inf, sum of squares of the unscaled gradient).
+    fn check(&mut self, inv_scale: f32) -> Result<(bool, f64)>;
+    /// With every rank's agreed (found_inf, total sum of squares): finalize and update.
+    fn update(&mut self, found_inf: bool, total_sum_sq: f64, hyper: Hyper) -> Result<()>;
+    /// All-gathers the updated parameters (model dtype) over ranks, device to device.
+    fn gather(&mut self) -> Result<()>;
+    /// Parameter `p`'s new values as a float primitive of the backend, of `shape`.
+    fn parameter(&self, p: usize, shape: Shape) -> Box<dyn Any>;
+    /// (master, m, v), read back (checkpoints).
+    fn state(&self) -> [Vec<f32>; 3];
+    /// Replaces the state (a checkpoint's), with `steps_taken` steps already counted.
+    fn load(&mut self, master: &[f32], m: &[f32], v: &[f32], steps_taken: u32);
+    /// Bytes between host and device so far (the collectives' and the step's scalars).
+    fn traffic(&self) -> Traffic;
+    /// What runs it, for messages.
+    fn name(&self) -> String;
+}
+
+/// ZeroAdam's device state on backend `B`.
+pub(crate) struct Resident<B: CubeResident> {
+    fused: FusedAdam<B::Runtime>,
+    buffers: StepBuffers,
+    collectives: Arc<dyn DeviceCollectives<B::Runtime>>,
+    device: <B::Runtime as Runtime>::Device,
+    layout: FlatLayout,
+    rank: usize,
+    /// The parameters' dtype (one for the whole model) and the all-gather buffer of the flat
+    /// parameter vector in it.
+    dtype: DType,
+    flat: DeviceSlice<B::Runtime>,
+}
+
+impl<B: CubeResident> Resident<B> {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        collectives: Arc<dyn DeviceCollectives<B::Runtime>>,
+        device: &B::Device,
+        layout: FlatLayout,
+        dtype: DType,
+        master: &[f32],
+        m: &[f32],
+        v: &[f32],
+        steps_taken: u32,
+    ) -> Result<Self> {
+        let device = B::cube_device(device);
+        let client = B::Runtime::client(&device);
+        let fused = FusedAdam::new(client.clone());
+        let (model_dtype, flat_dtype) = match dtype {
+            DType::F32 | DType::Flex32 => (ModelDtype::F32, DeviceDType::F32),
+            DType::F16 => (ModelDtype::F16, DeviceDType::F16),
+            DType::BF16 => (ModelDtype::Bf16, DeviceDType::BF16),
+            other => {
+                return Err(ZeroError::Usage(format!(
+                    "the device step writes f32, f16 or bf16 parameters; the model's are {other:?}"
+                )));
+            }
+        };
+        if !fused.supports(model_dtype) {
+            return Err(ZeroError::Usage(format!(
+                "the device step cannot write {flat_dtype} parameters on {}: its runtime has no \
+                 {flat_dtype} type",
+                B::Runtime::name(&client)
+            )));
+        }
+        let zeros = vec![0.0; master.len()];
+        let buffers = fused.upload(master, m, v, steps_taken, &zeros, 1.0, model_dtype);
+        let flat_bytes = layout.padded_len() * flat_dtype.size();
+        let flat = DeviceSlice::whole(client.clone(), client.empty(flat_bytes), flat_dtype);
+        Ok(Resident {
+            rank: collectives.rank(),
+            fused,
+            buffers,
+            collectives,
+            device,
+            layout,
+            dtype,
+            flat,
+        })
+    }
+
+    fn counter(&self) -> &TrafficCounter {
+        self.collectives.traffic()
+    }
+
+    fn client(&self) -> &burn_cubecl::cubecl::prelude::ComputeClient<B::Runtime> {
+        self.fused.client()
+    }
+
+    fn f32_buffer(&self, handle: &burn_cubecl::cubecl::server::Handle) -> DeviceSlice<B::Runtime> {
+        DeviceSlice::new(
+            self.client().clone(),
+            handle.clone(),
+            0,
+            self.layout.shard_len,
+            DeviceDType::F32,
+        )
+    }
+
+    /// Uploads one f32 scalar buffer, counted.
+    fn upload_scalars(&self, values: &[f32]) -> burn_cubecl::cubecl::server::Handle {
+        self.counter().to_device(4 * values.len());
+        self.client()
+            .create_from_slice(bytemuck::cast_slice(values))
+    }
+}
+
+impl<B: CubeResident> ResidentState for Resident<B> {
+    fn gradient_piece(&mut self, piece: &Piece, grad: &dyn Any) -> Result<()> {
+        let grad = grad
+            .downcast_ref::<B::FloatTensorPrimitive>()
+            .ok_or_else(|| {
+                ZeroError::Usage(format!(
+                    "ZeroAdam's device state was built for `{}`; a gradient is of another backend",
+                    std::any::type_name::<B::FloatTensorPrimitive>()
+                ))
+            })?;
+        let (view, _) = B::cube_view(grad);
+        let view = if view.is_contiguous() {
+            view
+        } else {
+            burn_dist::contiguous_copy(view)
+        };
+        let numel = view.meta.shape().num_elements();
+        let dtype = device_dtype(view.dtype)?;
+        let source = DeviceSlice::new(view.client.clone(), view.handle.clone(), 0, numel, dtype);
+        let target = self.f32_buffer(&self.buffers.grads);
+        copy(
+            &source.range(piece.within.clone()),
+            &target.range(piece.in_shard.clone()),
+            self.rank,
+        )?;
+        Ok(())
+    }
+
+    fn gradient_shard(&mut self, values: &[f32]) -> Result<()> {
+        let target = self.f32_buffer(&self.buffers.grads);
+        upload_into(
+            &target,
+            &burn_dist_comm::HostBuffer::F32(values.to_vec()),
+            self.counter(),
+            self.rank,
+        )?;
+        Ok(())
+    }
+
+    fn check(&mut self, inv_scale: f32) -> Result<(bool, f64)> {
+        self.buffers.inv_scale = self.upload_scalars(&[inv_scale]);
+        self.fused.unscale_and_check(&self.buffers);
+        let stats = self.fused.read_f32(&self.buffers.stats);
+        self.counter().to_host(4 * stats.len());
+        Ok((stats[1] > 0.0, f64::from(stats[0])))
+    }
+
+    fn update(&mut self, found_inf: bool, total_sum_sq: f64, hyper: Hyper) -> Result<()> {
+        // The kernels take the global statistics from `stats`, as after an all-reduce on the
+        // device; an infinite or NaN total also counts as found-inf there.
+        let found = if found_inf { 1.0 } else { 0.0 };
+        self.buffers.stats = self.upload_scalars(&[total_sum_sq as f32, found]);
+        self.counter().to_device(HYPER_BYTES);
+        self.fused.update(&self.buffers, hyper);
+        Ok(())
+    }
+
+    fn gather(&mut self) -> Result<()> {
+        let shard = self.layout.shard(self.rank);
+        let model = DeviceSlice::new(
+            self.client().clone(),
+            self.buffers.model.clone(),
+            0,
+            self.layout.shard_len,
+            self.flat.dtype,
+        );
+        copy(&model, &self.flat.range(shard), self.rank)?;
+        let counts = vec![self.layout.shard_len; self.layout.world];
+        self.collectives.all_gather(&self.flat, &counts)?.wait()?;
+        Ok(())
+    }
+
+    fn parameter(&self, p: usize, shape: Shape) -> Box<dyn Any> {
+        let range = self.layout.param_range(p);
+        let bytes = range.len() * self.flat.dtype.size();
+        let client = self.client().clone();
+        let handle = client.empty(bytes.max(1));
+        let target = DeviceSlice::new(
+            client.clone(),
+            handle.clone(),
+            0,
+            range.len(),
+            self.flat.dtype,
+        );
+        copy(&self.flat.range(range), &target, self.rank)
+            .expect("a parameter's range lies inside the flat buffer it was laid out in");
+        let tensor =
+            CubeTensor::new_contiguous(client, self.device.clone(), shape, handle, self.dtype);
+        Box::new(B::from_cube(tensor))
+    }
+
+    fn state(&self) -> [Vec<f32>; 3] {
+        let b = &self.buffers;
+        [b.master.clone(), b.m.clone(), b.v.clone()].map(|h| self.fused.read_f32(&h))
+    }
+
+    fn load(&mut self, master: &[f32], m: &[f32], v: &[f32], steps_taken: u32) {
+        let zeros = vec![0.0; master.len()];
+        let model_dtype = self.buffers.model_dtype;
+        self.buffers = self
+            .fused
+            .upload(master, m, v, steps_taken, &zeros, 1.0, model_dtype);
+    }
+
+    fn traffic(&self) -> Traffic {
+        self.counter().get()
+    }
+
+    fn name(&self) -> String {
+        format!(
+            "{:?} ({})",
+            self.client().properties().hardware,
+            self.collectives.name()
+        )
+    }
+}
+
+fn device_dtype(dtype: DType) -> Result<DeviceDType> {
+    match dtype {
+        DType::F32 | DType::Flex32 => Ok(DeviceDType::F32),
+        DType::F16 => Ok(DeviceDType::F16),
+        DType::BF16 => Ok(DeviceDType::BF16),
+        other => Err(ZeroError::Usage(format!(
+            "the device step reads f32, f16 or bf16 gradients; one is {other:?}"
+        ))),
+    }
+}
+
+/// Stage 1: copies, for every piece of this rank's shard, the parameter's gradient piece into
+/// the device gradient shard; records which parameters had a gradient.
+pub(crate) struct GatherShard<'a, B: burn::tensor::backend::AutodiffBackend> {
+    pub(crate) params: &'a [burn_dist::ParamInfo],
+    pub(crate) pieces: &'a [Piece],
+    pub(crate) grads: &'a burn::optim::GradientsParams,
+    pub(crate) device: &'a mut dyn ResidentState,
+    /// Per parameter (all of them, not only this shard's): whether it had a gradient.
+    pub(crate) has_grad: Vec<bool>,
+    /// The first failure (a visitor cannot return one).
+    pub(crate) error: Option<ZeroError>,
+    pub(crate) _b: std::marker::PhantomData<B>,
+}
+
+impl<B: burn::tensor::backend::AutodiffBackend> burn::module::ModuleVisitor<B>
+    for GatherShard<'_, B>
+{
+    fn visit_float<const D: usize>(
+        &mut self,
+        param: &burn::module::Param<burn::tensor::Tensor<B, D>>,
+    ) {
+        let Some(index) = self.params.iter().position(|p| p.id == param.id) else {
+            return;
+        };
+        let Some(grad) = self.grads.get::<B::InnerBackend, D>(param.id) else {
+            return;
+        };
+        self.has_grad[index] = true;
+        let primitive = grad.into_primitive().tensor();
+        for piece in self.pieces.iter().filter(|p| p.param == index) {
+            if self.error.is_none()
+                && let Err(e) = self.device.gradient_piece(piece, &primitive)
+            {
+                self.error = Some(e);
+            }
+        }
+    }
+}
+
+/// Replaces every parameter with its all-gathered new values, from device memory.
+pub(crate) struct WriteDeviceParams<'a, B: burn::tensor::backend::AutodiffBackend> {
+    pub(crate) params: &'a [burn_dist::ParamInfo],
+    pub(crate) device: &'a dyn ResidentState,
+    pub(crate) _b: std::marker::PhantomData<B>,
+}
+
+impl<B: burn::tensor::backend::AutodiffBackend> burn::module::ModuleMapper<B>
+    for WriteDeviceParams<'_, B>
+{
+    fn map_float<const D: usize>(
+        &mut self,
+        param: burn::module::Param<burn::tensor::Tensor<B, D>>,
+    ) -> burn::module::Param<burn::tensor::Tensor<B, D>> {
+        use burn::tensor::{Tensor, TensorPrimitive};
+        let Some(index) = self.params.iter().position(|p| p.id == param.id) else {
+            return param;
+        };
+        let (id, tensor, mapper) = param.consume();
+        let primitive = self.device.parameter(index, tensor.shape());
+        // The gradients were this backend's (`gradient_piece` checked their type), so are the
+        // parameters.
+        let primitive = *primitive
+            .downcast::<<B::InnerBackend as burn::tensor::backend::BackendTypes>::FloatTensorPrimitive>()
+            .unwrap_or_else(|_| {
+                panic!(
+                    "ZeroAdam's device state and the model are on different backends (the model: \
+                     `{}`)",
+                    std::any::type_name::<B::InnerBackend>()
+                )
+            });
+        let inner = Tensor::<B::InnerBackend, D>::from_primitive(TensorPrimitive::Float(primitive));
+        let fresh = Tensor::<B, D>::from_inner(inner);
+        let fresh = if tensor.is_require_grad() {
+            fresh.require_grad()
+        } else {
+            fresh
+        };
+        burn::module::Param::from_mapped_value(id, fresh, mapper)
+    }
+}

@@ -1,0 +1,207 @@
+//! ZeroAdam with its state in device memory (`ZeroAdam::on_device`): the CPU twin of the GPU
+//! path. The model trains on Burn's `Wgpu` (fusion on) over Mesa's lavapipe, the reducer keeps
+//! the gradients on the device (staged device collectives), the fused kernels update the shard
+//! in place, and the new parameters are all-gathered device to device. It equals the host path
+//! on Flex and Burn's AdamW, at ZeRO stages 1 and 2, with clipping; only the step's scalars and
+//! what the staging must move cross to the host, counted to the byte.
+
+use burn::backend::Autodiff;
+use burn::module::AutodiffModule;
+use burn::tensor::backend::AutodiffBackend;
+use burn_dist::testing::{
+    BurnAdamW, OptimizerKind, Stepper, Synthetic, assert_close, train_ranks, train_ranks_with,
+};
+use burn_dist::{Ddp, DdpConfig, DistributedBackend, FlatLayout, ReducerStats};
+use burn_dist_zero::ZeroAdamConfig;
+use burn_flex::{Flex, FlexDevice};
+use burn_wgpu::{Wgpu, WgpuDevice};
+
+/// The host path: the reference.
+type B = Autodiff<DistributedBackend<Flex>>;
+/// The device path's twin.
+type OnWgpu = Autodiff<DistributedBackend<Wgpu>>;
+
+const STEPS: usize = 8;
+const LR: f64 = 1e-2;
+const GLOBAL_BATCH: usize = 12;
+/// lavapipe's f32 kernels sum in another order than Flex's.
+const TOLERANCE: f64 = 1e-4;
+
+/// ZeroAdam with `config`, moved into the wgpu device memory once built.
+struct OnDevice(ZeroAdamConfig);
+
+impl OptimizerKind for OnDevice {
+    fn build<A, M>(&self, ddp: &Ddp, model: &M) -> Box<dyn Stepper<A, M>>
+    where
+        A: AutodiffBackend,
+        M: AutodiffModule<A> + 'static,
+    {
+        let zero = self
+            .0
+            .init::<A, M>(ddp, model)
+            .and_then(|zero| zero.on_device::<Wgpu>(ddp, &WgpuDevice::default()))
+            .expect("ZeroAdam on the wgpu device");
+        Box::new(zero)
+    }
+}
+
+fn train(world: usize, optimizer: &(impl OptimizerKind + Sync)) -> Vec<Vec<Vec<f32>>> {
+    train_ranks::<B>(
+        world,
+        &DdpConfig::new(),
+        Synthetic::Mlp,
+        optimizer,
+        STEPS,
+        GLOBAL_BATCH,
+        LR,
+        &FlexDevice,
+    )
+}
+
+/// `world` ranks on wgpu: the reducer and ZeroAdam on the device path.
+fn train_on_device(world: usize, config: ZeroAdamConfig) -> Vec<(Vec<Vec<f32>>, ReducerStats)> {
+    burn_dist_kernels::testing::wgpu_client();
+    let device = WgpuDevice::default();
+    train_ranks_with::<OnWgpu>(
+        world,
+        |comm| Ddp::for_thread_staged::<Wgpu>(comm, DdpConfig::new(), &device),
+        Synthetic::Mlp,
+        &OnDevice(config),
+        STEPS,
+        GLOBAL_BATCH,
+        LR,
+        &device,
+    )
+}
+
+#[test]
+fn device_step_equals_the_host_path_and_burn_adamw_at_stages_1_and_2() {
+    let burn = train(1, &BurnAdamW).remove(0);
+    for stage in [1, 2] {
+        for world in [1, 2, 3, 4] {
+            let config = ZeroAdamConfig::new().with_stage(stage);
+            let host = train(world, &config.clone());
+            let device = train_on_device(world, config);
+            let what = format!("stage {stage}, {world} ranks");
+            for (rank, (params, stats)) in device.iter().enumerate() {
+                assert!(
+                    params == &device[0].0,
+                    "{what}: rank {rank} differs from rank 0"
+                );
+                assert!(
+                    stats.device_launches > 0,
+                    "{what}: the reducer ran on the host"
+                );
+            }
+            assert_close(
+                &device[0].0,
+                &host[0],
+                TOLERANCE,
+                &format!("{what}: device vs host"),
+            );
+            assert_close(
+                &device[0].0,
+                &burn,
+                TOLERANCE,
+                &format!("{what}: device vs Burn"),
+            );
+        }
+    }
+}
+
+/// Stage 1 on the staged path, per step and rank: the reducer stages every gradient down and
+/// up; ZeroAdam moves its scalars (down: the shard's sum of squares and found-inf; up:
+/// `1 / scale`, the agreed totals and nine hyper-parameters) and the all-gather stages this
+/// rank's shard down and the others' up. Nothing else crosses: the gradient shard is copied on
+/// the device, and the parameters come from device memory.
+#[test]
+fn device_step_moves_only_scalars_besides_what_the_staging_must() {
+    let reference = train(1, &BurnAdamW).remove(0);
+    let numels: Vec<usize> = reference.iter().map(Vec::len).collect();
+    let gradient_bytes = 4 * numels.iter().sum::<usize>() as u64;
+    for world in [1, 3] {
+        let shard_bytes = 4 * FlatLayout::new(&numels, world, 4).shard_len as u64;
+        let ranks = train_on_device(world, ZeroAdamConfig::new());
+        let (scalars_down, scalars_up) = (8, 4 + 8 + 36);
+        let per_step = (
+            gradient_bytes + scalars_down + shard_bytes,
+            gradient_bytes + scalars_up + (world as u64 - 1) * shard_bytes,
+        );
+        for (rank, (_, stats)) in ranks.iter().enumerate() {
+            assert_eq!(
+                (stats.bytes_to_host, stats.bytes_to_device),
+                (STEPS as u64 * per_step.0, STEPS as u64 * per_step.1),
+                "{world} ranks, rank {rank}: bytes between host and device"
+            );
+        }
+    }
+}
+
+#[test]
+fn device_step_clips_like_the_host_path() {
+    // Far below the gradient norm: every step clips.
+    let config = ZeroAdamConfig::new()
+        .with_max_grad_norm(Some(1e-3))
+        .with_stage(2);
+    let host = train(2, &config.clone());
+    let device = train_on_device(2, config);
+    assert_close(&device[0].0, &host[0], TOLERANCE, "clipped, device vs host");
+}
+
+#[test]
+fn device_state_exports_and_imports_exactly() {
+    use burn_dist::testing::{MLP_SIZES, Mlp};
+    use burn_dist_comm::{CommConfig, HostCommunicator};
+    burn_dist_kernels::testing::wgpu_client();
+    let device = WgpuDevice::default();
+    let comm = HostCommunicator::local_group(1, &CommConfig::default()).remove(0);
+    let mut ddp = Ddp::for_thread_staged::<Wgpu>(comm, DdpConfig::new(), &device);
+    let model = ddp
+        .prepare(Mlp::<OnWgpu>::new(&MLP_SIZES, 7, &device))
+        .unwrap();
+    let host = ZeroAdamConfig::new()
+        .init::<OnWgpu, _>(&ddp, &model)
+        .unwrap();
+    let mut shard = host.export();
+    // A state no fresh optimizer has: distinct values everywhere, 5 steps taken.
+    for (i, x) in shard.master.iter_mut().enumerate() {
+        *x = i as f32 * 0.25 - 3.0;
+    }
+    shard.m = shard.master.iter().map(|x| x * 0.5).collect();
+    shard.v = shard.master.iter().map(|x| x * x).collect();
+    shard.time.fill(5);
+    let mut on_device = ZeroAdamConfig::new()
+        .init::<OnWgpu, _>(&ddp, &model)
+        .unwrap()
+        .on_device::<Wgpu>(&ddp, &device)
+        .unwrap();
+    assert_eq!(on_device.state_len(), host.state_len());
+    on_device.import(shard.clone()).unwrap();
+    assert!(
+        on_device.export() == shard,
+        "the device round trip changed the state"
+    );
+
+    // Uneven per-parameter step counts cannot live in the device's single counter.
+    shard.time[0] = 4;
+    let error = on_device.import(shard).unwrap_err().to_string();
+    assert!(error.contains("one count for all"), "{error}");
+}
+
+#[test]
+fn a_host_path_ddp_is_refused_by_name() {
+    use burn_dist::testing::{MLP_SIZES, Mlp};
+    use burn_dist_comm::{CommConfig, HostCommunicator};
+    let comm = HostCommunicator::local_group(1, &CommConfig::default()).remove(0);
+    let mut ddp = Ddp::for_thread(comm, DdpConfig::new());
+    let model = ddp
+        .prepare(Mlp::<B>::new(&MLP_SIZES, 7, &FlexDevice))
+        .unwrap();
+    let zero = ZeroAdamConfig::new().init::<B, _>(&ddp, &model).unwrap();
+    let error = zero
+        .on_device::<Wgpu>(&ddp, &WgpuDevice::default())
+        .err()
+        .expect("a host-path Ddp has no device collectives")
+        .to_string();
+    assert!(error.contains("Ddp::init_staged"), "{error}");
+}
