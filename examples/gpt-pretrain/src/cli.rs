@@ -73,6 +73,10 @@ pub struct Args {
     pub accumulation: usize,
     #[arg(long, value_enum, default_value_t = OptimizerKind::Zero)]
     pub optimizer: OptimizerKind,
+    /// Where the model trains. `wgpu` and `cuda` keep gradients, ZeroAdam's state and the
+    /// parameters in device memory (the binary needs the feature of the same name).
+    #[arg(long, value_enum, default_value_t = BackendKind::Flex)]
+    pub backend: BackendKind,
     /// ZeRO stage of --optimizer zero: 1 shards the optimizer state, 2 also the gradients.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=2))]
     pub zero_stage: u8,
@@ -150,6 +154,17 @@ pub enum ModelSize {
     Gpt2_124m,
     #[value(name = "gpt2-350m")]
     Gpt2_350m,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BackendKind {
+    /// Burn's Flex on the CPU; gradients reduced through host buffers.
+    Flex,
+    /// Burn's `Wgpu` (fusion on): Vulkan, Metal, DX12, or Mesa's lavapipe on a CPU; the device
+    /// path with collectives staged through the host.
+    Wgpu,
+    /// Burn's `Cuda` (fusion on), one GPU per rank (`LOCAL_RANK`); the device path with NCCL.
+    Cuda,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

@@ -12,6 +12,7 @@
 //! (the best achievable loss) is known exactly, and prints it next to the loss. See
 //! `docs/gpt-pretrain.md`.
 
+pub mod backend;
 pub mod cli;
 pub mod clip;
 pub mod data;

@@ -11,8 +11,8 @@ use burn::module::{AutodiffModule, Module};
 use burn::optim::{AdamW, AdamWConfig, Optimizer, adaptor::OptimizerAdaptor};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{ElementConversion, FloatDType};
-use burn_dist::{Ddp, DdpConfig, GradScaler, GradScalerConfig};
-use burn_dist_comm::{CommConfig, Communicator, HostBuffer, HostCommunicator, ReduceOp};
+use burn_dist::{Ddp, GradScaler, GradScalerConfig};
+use burn_dist_comm::{Communicator, HostBuffer, ReduceOp};
 use burn_dist_zero::checkpoint::{self, TrainingState};
 use burn_dist_zero::{ZeroAdam, ZeroAdamConfig};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -34,24 +34,8 @@ pub struct Outcome {
     pub floor: Option<f64>,
 }
 
-/// Runs the job described by `args` on this rank.
-pub fn run<B: AutodiffBackend>(args: &Args, device: &B::Device) -> Result<Outcome, String> {
-    let config = DdpConfig::new().with_accumulation_steps(args.accumulation);
-    let launched = ["RANK", "SLURM_PROCID"]
-        .iter()
-        .any(|v| std::env::var_os(v).is_some());
-    let mut ddp = if launched {
-        Ddp::init(config).map_err(|e| format!("joining the job: {e}"))?
-    } else {
-        // Started by hand, not by a launcher: a job of one rank, in this process.
-        let comm = HostCommunicator::local_group(1, &CommConfig::default()).remove(0);
-        Ddp::for_thread(comm, config)
-    };
-    run_with::<B>(args, &mut ddp, device, &|zero, _| Ok(zero))
-}
-
-/// Where ZeroAdam's state goes once built: `Ok` keeps it on the host; the GPU check passes
-/// `|zero| zero.on_device(client)` to step with the fused kernels on the GPU.
+/// Where ZeroAdam's state goes once built: `|zero, _| Ok(zero)` keeps it on the host; the
+/// device path passes `|zero, ddp| zero.on_device::<B>(ddp, &device)` (see `backend`).
 pub type PlaceOptimizer<'a> = &'a dyn Fn(ZeroAdam, &Ddp) -> burn_dist_zero::Result<ZeroAdam>;
 
 /// Runs the job described by `args` with a `Ddp` the caller built (e.g. the GPU check's, whose

@@ -1,7 +1,16 @@
 //! Scaffolding shared by the gpt-pretrain integration tests.
 
+// Each test crate uses a part of it.
+#![allow(dead_code)]
+
+use std::path::Path;
+use std::process::Command;
+
+use burn_dist_models::processes::launcher;
 use burn_dist_models::relative_error;
+use burn_dist_models::step::read_params;
 use burn_flex::{Flex, FlexDevice};
+use gpt_pretrain::metrics::{self, StepRecord};
 
 /// The tests' model: `--model tiny` at `--context 16` on the synthetic corpus's vocabulary.
 const D_MODEL: usize = 64;
@@ -56,4 +65,112 @@ pub fn assert_same_model(got: &[Vec<f32>], reference: &[Vec<f32>], tolerance: f6
             .collect();
         check(" (key)", norm(&key_difference) / norm(reference), 1e-3);
     }
+}
+
+/// Small enough for a debug build on 2 cores: 4 sequences of 16 tokens per step.
+pub const RUN: &[&str] = &[
+    "--steps",
+    "5",
+    "--global-batch",
+    "4",
+    "--context",
+    "16",
+    "--synthetic-tokens",
+    "20000",
+    "--warmup",
+    "2",
+    "--eval-every",
+    "2",
+    "--eval-sequences",
+    "8",
+    "--log-every",
+    "1",
+    "--no-plot",
+];
+
+/// A run's metrics, step by step, and its final parameters.
+pub struct Run {
+    pub steps: Vec<StepRecord>,
+    pub params: Vec<Vec<f32>>,
+}
+
+pub fn launched(dir: &Path, world: usize, extra: &[&str]) -> Run {
+    let name = format!("world{world}{}", extra.join(""));
+    let metrics = dir.join(format!("{name}.jsonl"));
+    let params = dir.join(format!("{name}.bin"));
+    let output = Command::new(launcher())
+        .args([
+            "--nproc-per-node",
+            &world.to_string(),
+            "--master-port",
+            "0",
+            "--",
+        ])
+        .arg(env!("CARGO_BIN_EXE_gpt-pretrain"))
+        .args(RUN)
+        .args(extra)
+        .arg("--run-dir")
+        .arg(dir.join(&name))
+        .arg("--metrics")
+        .arg(&metrics)
+        .arg("--out")
+        .arg(&params)
+        .env("BURN_DIST_TIMEOUT_SECS", "60")
+        .output()
+        .expect("running burn-dist-run");
+    assert!(
+        output.status.success(),
+        "{world} ranks {extra:?}: {}\n{}{}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    Run {
+        steps: metrics::read(&metrics).unwrap(),
+        params: read_params(&params).unwrap(),
+    }
+}
+
+/// The same training, step by step (loss, validation loss, gradient norm to 1e-4), and the
+/// same parameters at the end (1e-5 per tensor; they agree to 1e-6; see `assert_same_model`).
+pub fn assert_same_run(got: &Run, reference: &Run, what: &str) {
+    assert_same_run_within(got, reference, 1e-4, 1e-5, what);
+}
+
+/// [`assert_same_run`] with its tolerances: `steps` for the per-step figures (relative),
+/// `params` for the final tensors.
+pub fn assert_same_run_within(got: &Run, reference: &Run, steps: f64, params: f64, what: &str) {
+    assert_eq!(got.steps.len(), reference.steps.len(), "{what}: steps");
+    let close = |a: f64, b: f64| (a - b).abs() <= steps * b.abs();
+    for (g, r) in got.steps.iter().zip(&reference.steps) {
+        assert!(
+            close(g.loss, r.loss),
+            "{what}: step {} loss {} vs {} on 1 rank",
+            r.step,
+            g.loss,
+            r.loss
+        );
+        match (g.val_loss, r.val_loss) {
+            (Some(a), Some(b)) => assert!(
+                close(a, b),
+                "{what}: step {} validation loss {a} vs {b}",
+                r.step
+            ),
+            (a, b) => assert_eq!(
+                a.is_some(),
+                b.is_some(),
+                "{what}: step {} evaluates",
+                r.step
+            ),
+        }
+        let (Some(a), Some(b)) = (g.grad_norm, r.grad_norm) else {
+            panic!("{what}: step {} has no gradient norm", r.step);
+        };
+        assert!(
+            close(a, b),
+            "{what}: step {} gradient norm {a} vs {b}",
+            r.step
+        );
+    }
+    assert_same_model(&got.params, &reference.params, params, what);
 }
