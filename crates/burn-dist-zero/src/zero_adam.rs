@@ -472,6 +472,11 @@ impl ZeroAdam {
             max_norm: self.config.max_grad_norm,
         };
         device.update(report.skipped, total_sum_sq, hyper)?;
+        if report.skipped {
+            // Nothing changed, and the kernels wrote no model copy (before a first step that
+            // was not skipped there is none to gather).
+            return Ok((ddp.mark(model), report));
+        }
         // 4. Every rank's new parameters, device to device, into the model.
         device.gather()?;
         let model = model.map(&mut crate::resident::WriteDeviceParams::<B> {

@@ -123,28 +123,34 @@ fn power_of_two_loss_scale_changes_nothing() {
 
 #[test]
 fn inf_on_one_rank_skips_the_step_on_every_rank_without_advancing_adam() {
-    for (stage, on_device) in [(1, false), (2, false), (1, true), (2, true)] {
+    // Step 0 too: a skip before any update (on the device there is no parameter copy yet).
+    for (stage, on_device, bad) in [
+        (1, false, 2),
+        (2, false, 2),
+        (1, true, 2),
+        (2, true, 2),
+        (1, true, 0),
+        (2, true, 0),
+    ] {
+        let what = format!("stage {stage} (device: {on_device}), overflow at step {bad}");
         let poisoned = train(stage, on_device, &[0, 1, 2, 3, 4], true, &|rank, step| {
-            rank == 1 && step == 2
+            rank == 1 && step == bad
         });
-        // The same run without step 2 at all: Adam's step count and moments must match.
-        let without = train(stage, on_device, &[0, 1, 3, 4], true, &|_, _| false);
+        // The same run without that step at all: Adam's step count and moments must match.
+        let steps: Vec<usize> = (0..5).filter(|&s| s != bad).collect();
+        let without = train(stage, on_device, &steps, true, &|_, _| false);
         for (rank, (params, scale, skipped)) in poisoned.iter().enumerate() {
             assert_eq!(
                 *skipped, 1,
-                "stage {stage} (device: {on_device}): rank {rank} must skip exactly one step"
+                "{what}: rank {rank} must skip exactly one step"
             );
-            assert_eq!(
-                params, &poisoned[0].0,
-                "stage {stage}: rank {rank} diverged"
-            );
-            // 65536, grown after steps 0-1, backed off at 2, grown after 3-4: everywhere.
-            assert_eq!(*scale, 131072.0, "stage {stage}: rank {rank}'s scale");
+            assert_eq!(params, &poisoned[0].0, "{what}: rank {rank} diverged");
+            // Backed off once, grown twice (after two clean steps each): everywhere.
+            assert_eq!(*scale, 131072.0, "{what}: rank {rank}'s scale");
         }
         assert_eq!(
             poisoned[0].0, without[0].0,
-            "stage {stage}: a skipped step leaves parameters and Adam state as if it never \
-             happened"
+            "{what}: a skipped step leaves parameters and Adam state as if it never happened"
         );
     }
 }
