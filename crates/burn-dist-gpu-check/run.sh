@@ -24,7 +24,7 @@
 # (the binary; default beside this script).
 set -uo pipefail
 SUITE="${1:-core}"
-case "$SUITE" in core | gpt | libraries) ;; *) echo "usage: run.sh [core|gpt|libraries]" >&2; exit 2 ;; esac
+case "$SUITE" in core | gpt | device | libraries) ;; *) echo "usage: run.sh [core|gpt|device|libraries]" >&2; exit 2 ;; esac
 # What one suite's limits may add up to: a 7-minute device call, less about 90 s for the
 # machine's start and the transfers, less about 20 s for this script's own set-up and report.
 SUITE_LIMIT_S=300
@@ -254,7 +254,8 @@ kernel_check() { # name seconds args...
 # The suites, in order, with their limits (seconds; SUITE_LIMIT_S in all at most). Core: the
 # library lines and NCCL first (seconds), then the kernels (NVRTC's cold compilation), the
 # fused step, the DDP step (a transformer's kernels compiled and autotuned cold), PyTorch last.
-# Gpt: one check per precision, each with its own limit, then PyTorch's reference.
+# Gpt: one check per precision, each with its own limit, then PyTorch's reference. Device: Burn's
+# `Cuda` (fusion on) on the device path, and ZeroAdam's in-place step (issue 14).
 if [ "$SUITE" = libraries ]; then
     :
 elif [ ! -x "$BIN" ]; then
@@ -267,6 +268,8 @@ elif [ "$SUITE" = core ]; then
     kernel_check fused-step 60 fused-step --out "$RESULTS" --device "$DEVICE" --elements "$ELEMENTS"
     kernel_check ddp-step 125 ddp-step --out "$RESULTS" --device "$DEVICE"
     check torch-adamw 30 "$PY" "$HERE/fused_adamw_torch.py" --out "$RESULTS" --device "$DEVICE" --elements "$ELEMENTS"
+elif [ "$SUITE" = device ]; then
+    kernel_check device-path 200 device-path --out "$RESULTS" --device "$DEVICE"
 else
     kernel_check gpt-f32 115 gpt-f32 --out "$RESULTS" --device "$DEVICE"
     kernel_check gpt-bf16 115 gpt-bf16 --out "$RESULTS" --device "$DEVICE"

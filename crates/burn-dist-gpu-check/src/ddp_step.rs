@@ -326,8 +326,16 @@ fn views(ddp: &mut Ddp, device: &CudaDevice) -> Result<(Status, Fields), String>
 }
 
 /// A world-size-1 group on loopback (as a real job joins, through a TCP store) and its NCCL
-/// reducer on `device`.
+/// reducer on `device`, for burn-cuda without fusion.
 pub(crate) fn join(device: &CudaDevice, config: DdpConfig) -> Result<Ddp, String> {
+    join_for::<CudaBackend>(device, config)
+}
+
+/// [`join`] for the device path of backend `X` (burn-cuda with or without fusion).
+pub(crate) fn join_for<X>(device: &CudaDevice, config: DdpConfig) -> Result<Ddp, String>
+where
+    X: burn_dist::CubeResident<Runtime = cubecl::cuda::CudaRuntime>,
+{
     let port = TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map_err(|e| format!("finding a free loopback port: {e}"))?
@@ -345,7 +353,7 @@ pub(crate) fn join(device: &CudaDevice, config: DdpConfig) -> Result<Ddp, String
     })
     .map_err(|e| e.to_string())?;
     let group = Group::join(info, &CommConfig::default()).map_err(|e| e.to_string())?;
-    Ddp::with_nccl::<CudaBackend>(group, config, device).map_err(|e| e.to_string())
+    Ddp::with_nccl::<X>(group, config, device).map_err(|e| e.to_string())
 }
 
 type Fields = serde_json::Value;

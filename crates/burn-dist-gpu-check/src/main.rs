@@ -9,6 +9,8 @@
 //!               next to a device copy and Burn's stock AdamW on burn-cuda
 //!   ddp-step    a transformer training step with the in-place NCCL reducer at world size 1
 //!               against the same backend unsynchronized: overhead, parameters equal
+//!   device-path Burn's `Cuda` (fusion on) with the device reducer against plain `Cuda`, and
+//!               ZeroAdam's in-place step against its host path: scalars only cross
 //!   gpt-f32     GPT-2 124M training steps with our stack in f32 (tokens/s, MFU), for the
 //!               comparison with gpt2_torch.py
 //!   gpt-bf16    the same in bf16 with ZeroAdam on the GPU (gpt: both, one after the other)
@@ -28,6 +30,8 @@ mod report;
 #[cfg(feature = "cuda")]
 mod ddp_step;
 #[cfg(feature = "cuda")]
+mod device_path;
+#[cfg(feature = "cuda")]
 mod fused_step;
 #[cfg(feature = "cuda")]
 mod gpt;
@@ -39,7 +43,7 @@ mod libraries;
 mod nccl_w1;
 
 const USAGE: &str = "\
-usage: burn-dist-gpu-check <nccl-w1 | kernels | fused-step | ddp-step | gpt-f32 | gpt-bf16 | gpt | versions>
+usage: burn-dist-gpu-check <nccl-w1 | kernels | fused-step | ddp-step | device-path | gpt-f32 | gpt-bf16 | gpt | versions>
            [--out FILE] [--device N] [--elements N]
 
   nccl-w1     NCCL communicator at world size 1 (loopback store), every collective x dtype
@@ -48,6 +52,8 @@ usage: burn-dist-gpu-check <nccl-w1 | kernels | fused-step | ddp-step | gpt-f32 
               Burn's AdamW
   ddp-step    transformer step with the in-place NCCL reducer (world size 1) vs without:
               overhead, and the parameters agree
+  device-path Burn's Cuda (fusion on) on the device path vs plain Cuda; ZeroAdam in device
+              memory vs its host path, host<->device bytes per step
   gpt-f32     GPT-2 124M training steps with our stack, f32: tokens/s and MFU
   gpt-bf16    the same, bf16 parameters and ZeroAdam on the GPU (gpt: both)
   versions    prints nvrtc=X.Y driver=X.Y as this binary loads them (none, stub)
@@ -135,6 +141,7 @@ fn run(check: &str, options: &Options) -> ExitCode {
         "kernels" => kernels::run(&mut report, options),
         "fused-step" => fused_step::run(&mut report, options),
         "ddp-step" => ddp_step::run(&mut report, options),
+        "device-path" => device_path::run(&mut report, options),
         "gpt" => gpt::run(&mut report, options, &gpt::VARIANTS),
         "gpt-f32" => gpt::run(&mut report, options, &gpt::VARIANTS[..1]),
         "gpt-bf16" => gpt::run(&mut report, options, &gpt::VARIANTS[1..]),

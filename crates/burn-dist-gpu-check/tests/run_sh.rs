@@ -376,7 +376,14 @@ fn each_suite_runs_its_checks_in_order_within_one_device_call() {
         "{}",
         gpt.log
     );
-    for run in [&core, &gpt] {
+    let device = machine.run("device", &[]);
+    assert_eq!(
+        device.checks(),
+        ["versions", "device-path"],
+        "{}",
+        device.log
+    );
+    for run in [&core, &gpt, &device] {
         let limits = run.limits();
         assert_eq!(limits.len(), run.checks().len() - 1, "{limits:?}");
         let total: u64 = limits.iter().map(|(_, s)| s).sum();
