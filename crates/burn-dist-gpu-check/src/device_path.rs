@@ -7,7 +7,7 @@
 //!   average is the identity: the parameters must agree (1e-6) after every step, and the reducer
 //!   must have moved no byte between host and device (`bytes_to_host`, `bytes_to_device` 0:
 //!   fusion's gradients are resolved and reduced in device memory).
-//! - `device-path/zero-step`: ZeroAdam at stage 1 with its state in device memory
+//! - `device-path/zero-step`: ZeroAdam at stages 1 and 2 with its state in device memory
 //!   (`ZeroAdam::on_device::<Cuda>`) over that `Ddp`, against ZeroAdam on the host path on the
 //!   same backend (a thread of its own with a host group of one): parameters within 1e-5, and
 //!   per step exactly the scalars cross (8 bytes down: the shard's sum of squares and found-inf;
@@ -112,7 +112,24 @@ fn fusion_ddp(ddp: &mut Ddp, device: &CudaDevice) -> Result<(Status, serde_json:
 }
 
 fn zero_step(ddp: &mut Ddp, device: &CudaDevice) -> Result<(Status, serde_json::Value), String> {
-    let zero = ZeroAdamConfig::new();
+    let mut stages = Vec::new();
+    let mut passed = true;
+    for stage in [1, 2] {
+        let (ok, fields) = zero_stage(ddp, device, stage)?;
+        passed &= ok;
+        stages.push(fields);
+    }
+    let status = if passed { Status::Pass } else { Status::Fail };
+    Ok((status, json!({ "stages": stages })))
+}
+
+/// ZeroAdam at ZeRO `stage` on the device path against its host path.
+fn zero_stage(
+    ddp: &mut Ddp,
+    device: &CudaDevice,
+    stage: u8,
+) -> Result<(bool, serde_json::Value), String> {
+    let zero = ZeroAdamConfig::new().with_stage(stage);
     // The host path on the same backend, on a thread of its own (its `Ddp` serves that thread).
     let reference = {
         let (zero, device) = (zero.clone(), device.clone());
@@ -147,6 +164,7 @@ fn zero_step(ddp: &mut Ddp, device: &CudaDevice) -> Result<(Status, serde_json::
         .fold(0.0f64, f64::max);
     let expected = (STEPS as u64 * SCALARS.0, STEPS as u64 * SCALARS.1);
     let fields = json!({
+        "stage": stage,
         "steps": STEPS,
         "max_relative_error_vs_host": worst,
         "bytes_to_host": moved.to_host,
@@ -154,8 +172,10 @@ fn zero_step(ddp: &mut Ddp, device: &CudaDevice) -> Result<(Status, serde_json::
         "expected_bytes": [expected.0, expected.1],
         "step_ms_median": median(&ms),
     });
-    let passed = worst <= 1e-5 && (moved.to_host, moved.to_device) == expected;
-    Ok((if passed { Status::Pass } else { Status::Fail }, fields))
+    Ok((
+        worst <= 1e-5 && (moved.to_host, moved.to_device) == expected,
+        fields,
+    ))
 }
 
 /// `STEPS` ZeroAdam steps on `CONFIG`'s batches; the final parameters and each step's time.

@@ -5,8 +5,9 @@
 //! tensors without a copy through the host.
 //!
 //! Per step only scalars cross to the host: the shard's (sum of squares, found-inf) down, the
-//! agreed totals, `1 / loss_scale` and the step's hyper-parameters up. At ZeRO stage 2 the
-//! gradient shard still arrives from the reducer's host shard (uploaded, and counted).
+//! agreed totals, `1 / loss_scale` and the step's hyper-parameters up. The gradient shard is
+//! copied from the gradients on the device (stage 1) or is the reducer's device shard, filled
+//! by the device reduce-scatter (stage 2).
 //!
 //! The kernels keep one step counter for the whole shard, where Burn (and the host path) count
 //! per parameter. The two agree whenever every parameter has a gradient at every step, which
@@ -20,7 +21,7 @@ use burn_cubecl::cubecl::Runtime;
 use burn_cubecl::tensor::CubeTensor;
 use burn_dist::CubeResident;
 use burn_dist_device::{
-    DeviceCollectives, DeviceDType, DeviceSlice, Traffic, TrafficCounter, copy, upload_into,
+    DeviceCollectives, DeviceDType, DeviceSlice, Traffic, TrafficCounter, copy,
 };
 use burn_dist_kernels::{FusedAdam, Hyper, ModelDtype, StepBuffers};
 
@@ -35,8 +36,9 @@ pub(crate) trait ResidentState: Send {
     /// Stage 1: copies `piece` of the parameter's gradient (`grad`, the backend's float
     /// primitive) into the gradient shard, on the device.
     fn gradient_piece(&mut self, piece: &Piece, grad: &dyn Any) -> Result<()>;
-    /// Stage 2: the reducer's (host) gradient shard, uploaded.
-    fn gradient_shard(&mut self, values: &[f32]) -> Result<()>;
+    /// Stage 2: the reducer's gradient shard in device memory (`Ddp::take_device_gradient_shard`),
+    /// which becomes the gradient buffer as it is.
+    fn gradient_shard(&mut self, shard: Box<dyn Any>) -> Result<()>;
     /// Pass 1 on the shard; this shard's (found_inf, sum of squares of the unscaled gradient).
     fn check(&mut self, inv_scale: f32) -> Result<(bool, f64)>;
     /// With every rank's agreed (found_inf, total sum of squares): finalize and update.
@@ -171,14 +173,20 @@ impl<B: CubeResident> ResidentState for Resident<B> {
         Ok(())
     }
 
-    fn gradient_shard(&mut self, values: &[f32]) -> Result<()> {
-        let target = self.f32_buffer(&self.buffers.grads);
-        upload_into(
-            &target,
-            &burn_dist_comm::HostBuffer::F32(values.to_vec()),
-            self.counter(),
-            self.rank,
-        )?;
+    fn gradient_shard(&mut self, shard: Box<dyn Any>) -> Result<()> {
+        let shard = shard
+            .downcast::<CubeTensor<B::Runtime>>()
+            .map_err(|_| ZeroError::Usage("a gradient shard of another runtime".into()))?;
+        let len = shard.meta.shape().num_elements();
+        if len != self.layout.shard_len || shard.dtype != DType::F32 || !shard.is_contiguous() {
+            return Err(ZeroError::Usage(format!(
+                "the reducer's gradient shard ({len} elements of {:?}) does not fit this rank's \
+                 optimizer shard ({} f32)",
+                shard.dtype, self.layout.shard_len
+            )));
+        }
+        // The reducer hands it over: nothing else holds it, and pass 1 unscales it in place.
+        self.buffers.grads = shard.handle;
         Ok(())
     }
 

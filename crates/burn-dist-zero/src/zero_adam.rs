@@ -437,9 +437,9 @@ impl ZeroAdam {
     ) -> Result<(M, StepReport)> {
         // 1. This rank's shard of the gradient, on the device.
         let has_grad = if self.config.stage == 2 {
-            let shard = ddp.take_gradient_shard()?;
-            device.gradient_shard(&shard.values)?;
-            shard.used
+            let (shard, used) = ddp.take_device_gradient_shard()?;
+            device.gradient_shard(shard)?;
+            used
         } else {
             let mut gather = crate::resident::GatherShard::<B> {
                 params: &self.params,

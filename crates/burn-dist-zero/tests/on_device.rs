@@ -46,9 +46,17 @@ impl OptimizerKind for OnDevice {
 }
 
 fn train(world: usize, optimizer: &(impl OptimizerKind + Sync)) -> Vec<Vec<Vec<f32>>> {
+    train_accumulating(world, 1, optimizer)
+}
+
+fn train_accumulating(
+    world: usize,
+    accumulation: usize,
+    optimizer: &(impl OptimizerKind + Sync),
+) -> Vec<Vec<Vec<f32>>> {
     train_ranks::<B>(
         world,
-        &DdpConfig::new(),
+        &DdpConfig::new().with_accumulation_steps(accumulation),
         Synthetic::Mlp,
         optimizer,
         STEPS,
@@ -60,11 +68,20 @@ fn train(world: usize, optimizer: &(impl OptimizerKind + Sync)) -> Vec<Vec<Vec<f
 
 /// `world` ranks on wgpu: the reducer and ZeroAdam on the device path.
 fn train_on_device(world: usize, config: ZeroAdamConfig) -> Vec<(Vec<Vec<f32>>, ReducerStats)> {
+    train_on_device_accumulating(world, 1, config)
+}
+
+fn train_on_device_accumulating(
+    world: usize,
+    accumulation: usize,
+    config: ZeroAdamConfig,
+) -> Vec<(Vec<Vec<f32>>, ReducerStats)> {
     burn_dist_kernels::testing::wgpu_client();
     let device = WgpuDevice::default();
+    let ddp_config = DdpConfig::new().with_accumulation_steps(accumulation);
     train_ranks_with::<OnWgpu>(
         world,
-        |comm| Ddp::for_thread_staged::<Wgpu>(comm, DdpConfig::new(), &device),
+        |comm| Ddp::for_thread_staged::<Wgpu>(comm, ddp_config.clone(), &device),
         Synthetic::Mlp,
         &OnDevice(config),
         STEPS,
@@ -109,31 +126,55 @@ fn device_step_equals_the_host_path_and_burn_adamw_at_stages_1_and_2() {
     }
 }
 
-/// Stage 1 on the staged path, per step and rank: the reducer stages every gradient down and
-/// up; ZeroAdam moves its scalars (down: the shard's sum of squares and found-inf; up:
-/// `1 / scale`, the agreed totals and nine hyper-parameters) and the all-gather stages this
-/// rank's shard down and the others' up. Nothing else crosses: the gradient shard is copied on
-/// the device, and the parameters come from device memory.
+/// The staged path, per step and rank. The reducer stages every gradient down; at stage 1 it
+/// writes every reduced gradient back up, at stage 2 only this rank's pieces, which it adds
+/// into its device shard. ZeroAdam moves its scalars (down: the shard's sum of squares and
+/// found-inf; up: `1 / scale`, the agreed totals and nine hyper-parameters), and the
+/// all-gather stages this rank's shard down and the others' up. Nothing else crosses: the
+/// gradient shard is copied on the device (stage 1) or is the reducer's device shard (stage
+/// 2), and the parameters come from device memory.
 #[test]
 fn device_step_moves_only_scalars_besides_what_the_staging_must() {
     let reference = train(1, &BurnAdamW).remove(0);
     let numels: Vec<usize> = reference.iter().map(Vec::len).collect();
-    let gradient_bytes = 4 * numels.iter().sum::<usize>() as u64;
-    for world in [1, 3] {
-        let shard_bytes = 4 * FlatLayout::new(&numels, world, 4).shard_len as u64;
-        let ranks = train_on_device(world, ZeroAdamConfig::new());
-        let (scalars_down, scalars_up) = (8, 4 + 8 + 36);
-        let per_step = (
-            gradient_bytes + scalars_down + shard_bytes,
-            gradient_bytes + scalars_up + (world as u64 - 1) * shard_bytes,
-        );
+    let total: usize = numels.iter().sum();
+    let gradient_bytes = 4 * total as u64;
+    let (scalars_down, scalars_up) = (8, 4 + 8 + 36);
+    for (stage, world) in [(1, 1), (1, 3), (2, 1), (2, 3)] {
+        let flat = FlatLayout::new(&numels, world, 4);
+        let shard_bytes = 4 * flat.shard_len as u64;
+        let ranks = train_on_device(world, ZeroAdamConfig::new().with_stage(stage));
         for (rank, (_, stats)) in ranks.iter().enumerate() {
+            let shard = flat.shard(rank);
+            let owned = 4 * total.min(shard.end).saturating_sub(shard.start) as u64;
+            let written_back = if stage == 1 { gradient_bytes } else { owned };
+            let per_step = (
+                gradient_bytes + scalars_down + shard_bytes,
+                written_back + scalars_up + (world as u64 - 1) * shard_bytes,
+            );
             assert_eq!(
                 (stats.bytes_to_host, stats.bytes_to_device),
                 (STEPS as u64 * per_step.0, STEPS as u64 * per_step.1),
-                "{world} ranks, rank {rank}: bytes between host and device"
+                "stage {stage}, {world} ranks, rank {rank}: bytes between host and device"
             );
         }
+    }
+}
+
+#[test]
+fn device_step_with_accumulation_equals_the_host_path() {
+    for stage in [1, 2] {
+        let config = ZeroAdamConfig::new().with_stage(stage);
+        let host = train_accumulating(2, 3, &config.clone());
+        let device = train_on_device_accumulating(2, 3, config);
+        let what = format!("stage {stage}, 2 ranks × 3 micro-batches");
+        assert!(device[1].0 == device[0].0, "{what}: ranks differ");
+        assert_close(
+            &device[0].0,
+            &host[0],
+            TOLERANCE,
+            &format!("{what}: device vs host"),
+        );
     }
 }
 

@@ -405,6 +405,16 @@ impl Ddp {
         lock(&self.reducer).take_gradient_shard()
     }
 
+    /// ZeRO stage 2 on the device path: [`Ddp::take_gradient_shard`] without leaving device
+    /// memory. The shard is a `burn_cubecl::tensor::CubeTensor<R>` of the device path's runtime
+    /// (f32, one element per element of this rank's flat shard), erased because `Ddp` is not
+    /// generic; ZeroAdam's device state takes it as its gradient buffer.
+    #[cfg(feature = "device")]
+    #[doc(hidden)]
+    pub fn take_device_gradient_shard(&self) -> Result<(Box<dyn std::any::Any>, Vec<bool>)> {
+        lock(&self.reducer).take_device_gradient_shard()
+    }
+
     /// Runs `f` on this rank's reducer (test-only fault injection, `crate::testing`).
     pub(crate) fn with_reducer<R>(&self, f: impl FnOnce(&mut Reducer) -> R) -> R {
         f(&mut lock(&self.reducer))

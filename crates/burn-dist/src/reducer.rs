@@ -278,7 +278,13 @@ impl Reducer {
             #[cfg(feature = "device")]
             Store::Device(_) => {}
         }
-        self.sharded = Some(ShardedGradients::new(flat, self.comm.rank(), &self.layout));
+        let on_device = self.reduces_on_device();
+        self.sharded = Some(ShardedGradients::new(
+            flat,
+            self.comm.rank(),
+            &self.layout,
+            on_device,
+        ));
         // Frozen: the owners' ranges are fixed, so the layout is never rebuilt.
         self.next_layout = None;
         self.rebuilt = true;
@@ -302,7 +308,53 @@ impl Reducer {
                     .into(),
             ));
         };
+        // The device path keeps the shard in device memory: a host optimizer reads it.
+        #[cfg(feature = "device")]
+        let values = match &mut self.store {
+            Store::Device(device) => {
+                let shard = device.take_shard().ok_or_else(|| {
+                    DistError::Usage("the device reducer holds no gradient shard".into())
+                })?;
+                device.read_shard(shard, self.comm.rank())?
+            }
+            Store::Host(_) => values,
+        };
         Ok(GradientShard { values, used })
+    }
+
+    /// ZeRO-2 on the device path: the last finished window's gradient shard in device memory
+    /// (a `CubeTensor<R>` of the store's runtime, erased), and which parameters some rank used.
+    /// It can be taken once per window.
+    #[cfg(feature = "device")]
+    pub(crate) fn take_device_gradient_shard(
+        &mut self,
+    ) -> Result<(Box<dyn std::any::Any>, Vec<bool>), DistError> {
+        let sharded = self.sharded.as_mut().ok_or_else(|| {
+            DistError::Usage("gradients are not sharded (ZeRO stage 2 is not on)".into())
+        })?;
+        let (Some(_), Some(used), Store::Device(device)) =
+            (sharded.take(), self.used_anywhere.clone(), &mut self.store)
+        else {
+            return Err(DistError::Usage(
+                "no reduced gradient shard on the device: run `Ddp::backward` to the end of an \
+                 accumulation window before each optimizer step, on the device path"
+                    .into(),
+            ));
+        };
+        let shard = device
+            .take_shard()
+            .ok_or_else(|| DistError::Usage("the device reducer holds no gradient shard".into()))?;
+        Ok((shard, used))
+    }
+
+    /// ZeRO-2 on the device path: adds `value` to the first element of the finished shard;
+    /// false on the host path (test-only fault injection, `crate::testing`).
+    #[cfg(feature = "device")]
+    pub(crate) fn poison_device_shard(&mut self, value: f32) -> bool {
+        match &mut self.store {
+            Store::Device(device) => device.add_to_shard_start(value),
+            Store::Host(_) => false,
+        }
     }
 
     /// ZeRO-2: the last finished window's gradient shard, in place, before the optimizer takes
@@ -456,6 +508,10 @@ impl Reducer {
             }
             if let Some(sharded) = self.sharded.as_mut() {
                 sharded.begin_window();
+                #[cfg(feature = "device")]
+                if let Store::Device(device) = &mut self.store {
+                    device.begin_shard_window(sharded.flat().shard_len);
+                }
             }
         }
         if self.sharded.is_some() {
@@ -666,9 +722,8 @@ impl Reducer {
                 let received = if let (Some(sharded), Store::Device(device)) =
                     (self.sharded.as_mut(), &mut self.store)
                 {
-                    let segment = device.owned_segment(bucket, sharded.flat(), self.comm.rank())?;
-                    sharded.add_segment(b, &segment, self.micro_batch == 0);
-                    segment.len()
+                    let first = self.micro_batch == 0;
+                    device.add_owned(bucket, sharded.flat(), self.comm.rank(), first)?
                 } else {
                     bucket.len
                 };
@@ -745,6 +800,10 @@ impl Reducer {
             // The optimizer takes the shard; Burn's container keeps no reduced gradient.
             Some(sharded) => {
                 sharded.end_window(self.accumulation);
+                #[cfg(feature = "device")]
+                if let Store::Device(device) = &mut self.store {
+                    device.end_shard_window(self.accumulation);
+                }
                 released
             }
             None => step

@@ -32,10 +32,13 @@ pub(crate) struct ShardedGradients {
     shard: Vec<f32>,
     /// Whether `shard` holds a finished window that the optimizer has not taken yet.
     ready: bool,
+    /// The device path keeps the shard's values in device memory (`crate::device`): here only
+    /// the bookkeeping, and `shard` stays empty.
+    on_device: bool,
 }
 
 impl ShardedGradients {
-    pub(crate) fn new(flat: FlatLayout, rank: usize, layout: &Layout) -> Self {
+    pub(crate) fn new(flat: FlatLayout, rank: usize, layout: &Layout, on_device: bool) -> Self {
         let starts: Vec<usize> = (0..layout.buckets.len())
             .map(|b| {
                 flat.offsets
@@ -51,7 +54,12 @@ impl ShardedGradients {
             .map(|(bucket, &start)| owner_counts(&flat, start..start + bucket.len))
             .collect();
         ShardedGradients {
-            shard: vec![0.0; flat.shard_len],
+            shard: if on_device {
+                Vec::new()
+            } else {
+                vec![0.0; flat.shard_len]
+            },
+            on_device,
             flat,
             rank,
             starts,
@@ -72,6 +80,9 @@ impl ShardedGradients {
     /// A new accumulation window starts: forget the last one.
     pub(crate) fn begin_window(&mut self) {
         self.ready = false;
+        if self.on_device {
+            return;
+        }
         if self.shard.len() == self.flat.shard_len {
             self.shard.fill(0.0);
         } else {
@@ -86,8 +97,7 @@ impl ShardedGradients {
         if segment.is_empty() {
             return; // the bucket lies outside this rank's shard
         }
-        let before: usize = self.counts[b][..self.rank].iter().sum();
-        let start = self.starts[b] + before - self.flat.shard(self.rank).start;
+        let start = self.segment_start(b);
         let target = &mut self.shard[start..start + segment.len()];
         if first_micro_batch {
             target.copy_from_slice(segment);
@@ -97,6 +107,12 @@ impl ShardedGradients {
     }
 
     /// The window is over: the sum over `micro_batches` becomes their mean.
+    /// Where bucket `b`'s segment of this rank's shard starts in the shard.
+    pub(crate) fn segment_start(&self, b: usize) -> usize {
+        let before: usize = self.counts[b][..self.rank].iter().sum();
+        self.starts[b] + before - self.flat.shard(self.rank).start
+    }
+
     pub(crate) fn end_window(&mut self, micro_batches: usize) {
         if micro_batches > 1 {
             let scale = 1.0 / micro_batches as f32;
@@ -144,7 +160,7 @@ mod tests {
         let layout = Layout::flat_ordered(&numels, &config);
         for world in 1..=4 {
             let flat = FlatLayout::new(&numels, world, 4);
-            let sharded = ShardedGradients::new(flat.clone(), 0, &layout);
+            let sharded = ShardedGradients::new(flat.clone(), 0, &layout, false);
             let mut owned = vec![0; world];
             for (b, bucket) in layout.buckets.iter().enumerate() {
                 let counts = sharded.counts(b);

@@ -270,6 +270,10 @@ where
     M: burn::module::AutodiffModule<B>,
 {
     if ddp.with_reducer(|reducer| reducer.is_sharded()) {
+        #[cfg(feature = "device")]
+        if ddp.with_reducer(|reducer| reducer.poison_device_shard(f32::INFINITY)) {
+            return grads;
+        }
         ddp.with_reducer(|reducer| {
             let shard = reducer
                 .finished_shard_mut()

@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use burn::tensor::{DType, Shape};
 use burn_backend::ops::FloatTensorOps;
-use burn_backend::{Scalar, TensorMetadata, read_sync};
+use burn_backend::{Scalar, Slice, TensorMetadata, read_sync};
 use burn_cubecl::CubeBackend;
 use burn_cubecl::tensor::CubeTensor;
 use burn_dist_device::{
@@ -60,14 +60,27 @@ pub(crate) trait DeviceBuckets: Send {
         numels: &[usize],
         owners: Option<&FlatLayout>,
     ) -> Result<Vec<Vec<DevicePending>>, DistError>;
-    /// ZeRO-2, after a bucket's reduction: this rank's segment of it, read to the host; the
-    /// bucket's gradients are dropped.
-    fn owned_segment(
+    /// ZeRO-2: a new window's gradient shard of `shard_len` f32 zeros, in device memory.
+    fn begin_shard_window(&mut self, shard_len: usize);
+    /// ZeRO-2, after a bucket's reduction: copies (`first` micro-batch) or adds this rank's
+    /// pieces of the bucket's gradients into the device shard, on the device; drops the
+    /// bucket's gradients; returns the elements this rank owned.
+    fn add_owned(
         &mut self,
         bucket: &Bucket,
         flat: &FlatLayout,
         rank: usize,
-    ) -> Result<Vec<f32>, DistError>;
+        first: bool,
+    ) -> Result<usize, DistError>;
+    /// ZeRO-2, at the end of a window of `micro_batches`: the shard becomes their mean.
+    fn end_shard_window(&mut self, micro_batches: usize);
+    /// ZeRO-2: the finished shard (a `CubeTensor<R>`, erased), taken.
+    fn take_shard(&mut self) -> Option<Box<dyn std::any::Any>>;
+    /// A shard [`DeviceBuckets::take_shard`] returned, read to the host (a host optimizer).
+    fn read_shard(&self, shard: Box<dyn std::any::Any>, rank: usize)
+    -> Result<Vec<f32>, DistError>;
+    /// Adds `value` to the finished shard's first element; false without one (tests).
+    fn add_to_shard_start(&mut self, value: f32) -> bool;
     /// Replaces the gradient at `target` with `p`'s reduced one, scaled by `scale`.
     ///
     /// # Safety
@@ -93,6 +106,8 @@ pub(crate) struct DeviceStore<B: CubeResident> {
     grads: Vec<Option<CubeTensor<B::Runtime>>>,
     launches: u64,
     copies: CopyCounts,
+    /// ZeRO-2: this rank's gradient shard (f32), accumulated over the window.
+    shard: Option<CubeTensor<B::Runtime>>,
 }
 
 impl<B: CubeResident> DeviceStore<B> {
@@ -107,6 +122,7 @@ impl<B: CubeResident> DeviceStore<B> {
             grads: Vec::new(),
             launches: 0,
             copies: CopyCounts::default(),
+            shard: None,
         }
     }
 
@@ -252,14 +268,26 @@ impl<B: CubeResident> DeviceBuckets for DeviceStore<B> {
         Ok(launched)
     }
 
-    fn owned_segment(
+    fn begin_shard_window(&mut self, shard_len: usize) {
+        self.shard = Some(Cube::<B::Runtime>::float_zeros(
+            Shape::new([shard_len]),
+            &self.device,
+            DType::F32.into(),
+        ));
+    }
+
+    fn add_owned(
         &mut self,
         bucket: &Bucket,
         flat: &FlatLayout,
         rank: usize,
-    ) -> Result<Vec<f32>, DistError> {
-        let shard = flat.shard(rank);
-        let mut pieces = Vec::new();
+        first: bool,
+    ) -> Result<usize, DistError> {
+        let start = flat.shard(rank).start;
+        let mut shard = self.shard.take().ok_or_else(|| {
+            DistError::Usage("no gradient shard on the device for this window".into())
+        })?;
+        let mut owned = 0;
         for &p in &bucket.params {
             let grad = self.grads[p].take();
             let Some((_, within)) = owned_pieces(flat, p).find(|(q, _)| *q == rank) else {
@@ -268,23 +296,74 @@ impl<B: CubeResident> DeviceBuckets for DeviceStore<B> {
             let grad = grad.ok_or_else(|| {
                 DistError::Usage(format!("parameter #{p}: no reduced gradient on the device"))
             })?;
-            let at = flat.offsets[p] + within.start - shard.start;
-            let piece = Self::slice(&grad, flat.numels[p], p)?.range(within);
-            let values = download(&piece, self.collectives.traffic(), rank)?;
-            pieces.push((at, to_f32(&values)));
+            let n = flat.numels[p];
+            let piece = Cube::float_slice(
+                Cube::float_reshape(grad, Shape::new([n])),
+                &[slice(within.clone())],
+            );
+            let piece = if piece.dtype == DType::F32 {
+                piece
+            } else {
+                Cube::float_cast(piece, DType::F32.into())
+            };
+            let at = flat.offsets[p] + within.start - start;
+            let range = [slice(at..at + within.len())];
+            let value = if first {
+                piece
+            } else {
+                Cube::float_add(Cube::float_slice(shard.clone(), &range), piece)
+            };
+            shard = Cube::float_slice_assign(shard, &range, value);
+            owned += within.len();
         }
-        pieces.sort_by_key(|(at, _)| *at);
-        let start = pieces.first().map_or(0, |(at, _)| *at);
-        let mut segment = Vec::new();
-        for (at, values) in pieces {
-            if at != start + segment.len() {
-                return Err(DistError::Usage(format!(
-                    "bucket pieces of rank {rank}'s shard are not contiguous at element {at}"
-                )));
-            }
-            segment.extend(values);
+        self.shard = Some(shard);
+        Ok(owned)
+    }
+
+    fn end_shard_window(&mut self, micro_batches: usize) {
+        if micro_batches > 1
+            && let Some(shard) = self.shard.take()
+        {
+            // The same f32 product as the host shard's.
+            let scale = 1.0 / micro_batches as f32;
+            self.shard = Some(Cube::float_mul_scalar(
+                shard,
+                Scalar::new(scale, &DType::F32),
+            ));
         }
-        Ok(segment)
+    }
+
+    fn take_shard(&mut self) -> Option<Box<dyn std::any::Any>> {
+        self.shard
+            .take()
+            .map(|shard| Box::new(shard) as Box<dyn std::any::Any>)
+    }
+
+    fn read_shard(
+        &self,
+        shard: Box<dyn std::any::Any>,
+        rank: usize,
+    ) -> Result<Vec<f32>, DistError> {
+        let shard = shard
+            .downcast::<CubeTensor<B::Runtime>>()
+            .map_err(|_| DistError::Usage("a gradient shard of another runtime".into()))?;
+        let len = shard.shape().num_elements();
+        let values = download(
+            &Self::slice(&shard, len, 0)?,
+            self.collectives.traffic(),
+            rank,
+        )?;
+        Ok(to_f32(&values))
+    }
+
+    fn add_to_shard_start(&mut self, value: f32) -> bool {
+        let Some(shard) = self.shard.take() else {
+            return false;
+        };
+        let first = Cube::float_slice(shard.clone(), &[slice(0..1)]);
+        let first = Cube::float_add_scalar(first, Scalar::new(value, &DType::F32));
+        self.shard = Some(Cube::float_slice_assign(shard, &[slice(0..1)], first));
+        true
     }
 
     unsafe fn write_back(&mut self, p: usize, target: usize, scale: f32) -> Result<(), DistError> {
@@ -325,6 +404,15 @@ impl<B: CubeResident> DeviceBuckets for DeviceStore<B> {
 
     fn traffic(&self) -> Traffic {
         self.collectives.traffic().get()
+    }
+}
+
+/// Elements `range` of a dimension.
+fn slice(range: Range<usize>) -> Slice {
+    Slice {
+        start: range.start as isize,
+        end: Some(range.end as isize),
+        step: 1,
     }
 }
 
