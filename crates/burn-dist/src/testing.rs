@@ -254,6 +254,62 @@ pub fn train_ranks_with<B: burn::tensor::backend::AutodiffBackend>(
     })
 }
 
+/// Two MLP branches; virtual rank `v` of `virtual_ranks` uses the second one unless
+/// `unused_on(v)`. Trained 3 Adam steps (lr 1e-2) on a batch of 12 rows with `world` real ranks
+/// (each a shard of virtual ranks, its `Ddp` built by `make_ddp`): with `world = 1` this is the
+/// one-process reference, whose loss is the mean of the virtual ranks' losses. Returns, per
+/// rank, the final parameters and whether the second branch ever got a gradient.
+pub fn train_with_unused<B: burn::tensor::backend::AutodiffBackend>(
+    world: usize,
+    virtual_ranks: usize,
+    unused_on: &(dyn Fn(usize) -> bool + Sync),
+    make_ddp: impl Fn(burn_dist_comm::HostCommunicator) -> crate::Ddp + Sync,
+    device: &B::Device,
+) -> Vec<(Vec<Vec<f32>>, bool)> {
+    use burn::optim::Optimizer;
+    use burn::tensor::Tensor;
+    const BATCH: usize = 12;
+    let comms = burn_dist_comm::HostCommunicator::local_group(
+        world,
+        &burn_dist_comm::CommConfig::default(),
+    );
+    burn_dist_comm::testing::run_ranks(comms, |rank, comm| {
+        let mut ddp = make_ddp(comm);
+        let branches: Vec<Mlp<B>> = (0..2)
+            .map(|i| Mlp::new(&MLP_SIZES, 7 + i, device))
+            .collect();
+        let mut model = ddp.prepare(branches).expect("prepare");
+        let mut optim = burn::optim::AdamConfig::new().init();
+        let mut second_got_grad = false;
+        let per_rank = virtual_ranks / world;
+        for step in 0..3 {
+            let losses: Vec<Tensor<B, 1>> = (rank * per_rank..(rank + 1) * per_rank)
+                .map(|v| {
+                    let rows = shard_rows(BATCH, v, virtual_ranks);
+                    let x = || {
+                        synthetic_rows::<B, 2>(0, step, [BATCH, MLP_SIZES[0]], rows.clone(), device)
+                    };
+                    let mut out = model[0].forward(x());
+                    if !unused_on(v) {
+                        out = out + model[1].forward(x());
+                    }
+                    out.powi_scalar(2).mean()
+                })
+                .collect();
+            let loss = Tensor::cat(losses, 0).mean();
+            let grads = ddp
+                .backward(loss, &model)
+                .expect("backward")
+                .expect("a window of one");
+            second_got_grad |= grads
+                .get::<B::InnerBackend, 2>(model[1].layers[0].weight.id)
+                .is_some();
+            model = optim.step(1e-2, model, grads);
+        }
+        (parameters::<B, _>(&model), second_got_grad)
+    })
+}
+
 /// Fault injection for the overflow tests: an overflow on this rank alone, created after the
 /// gradients were averaged over ranks, as if only this rank's own arithmetic had overflowed.
 /// Adds infinity to every gradient in `grads`, or, under ZeRO stage 2 (where `grads` is empty

@@ -287,41 +287,14 @@ fn first_bucket_is_reduced_before_the_last_gradient_hook_fires() {
     }
 }
 
-/// Two MLP branches; virtual rank `r` of `virtual_ranks` uses the second one unless `unused_on(r)`.
-/// Trained with `world` real ranks (each a shard of virtual ranks): with `world = 1` this is the
-/// one-process reference, whose loss is the mean of the virtual ranks' losses.
+/// `burn_dist::testing::train_with_unused` on the host path (Flex).
 fn train_with_unused(
     world: usize,
     virtual_ranks: usize,
     unused_on: &(dyn Fn(usize) -> bool + Sync),
 ) -> Vec<(Vec<Vec<f32>>, bool)> {
-    run_ranks(comms(world), |rank, comm| {
-        let mut ddp = Ddp::for_thread(comm, config());
-        let branches: Vec<Mlp<B>> = (0..2).map(|i| Mlp::new(&MLP, 7 + i, &FlexDevice)).collect();
-        let mut model = ddp.prepare(branches).unwrap();
-        let mut optim = AdamConfig::new().init();
-        let mut second_got_grad = false;
-        let per_rank = virtual_ranks / world;
-        for step in 0..3 {
-            let losses: Vec<Tensor<B, 1>> = (rank * per_rank..(rank + 1) * per_rank)
-                .map(|v| {
-                    let x = || rows(0, step, [GLOBAL_BATCH, MLP[0]], shard(v, virtual_ranks));
-                    let mut out = model[0].forward(x());
-                    if !unused_on(v) {
-                        out = out + model[1].forward(x());
-                    }
-                    out.powi_scalar(2).mean()
-                })
-                .collect();
-            let loss = Tensor::cat(losses, 0).mean();
-            let grads = ddp.backward(loss, &model).unwrap().unwrap();
-            second_got_grad |= grads
-                .get::<DistributedBackend<Flex>, 2>(model[1].layers[0].weight.id)
-                .is_some();
-            model = optim.step(LR, model, grads);
-        }
-        (parameters::<B, _>(&model), second_got_grad)
-    })
+    let make = |comm| Ddp::for_thread(comm, config());
+    burn_dist::testing::train_with_unused::<B>(world, virtual_ranks, unused_on, make, &FlexDevice)
 }
 
 #[test]

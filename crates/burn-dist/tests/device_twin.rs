@@ -168,3 +168,34 @@ fn a_flex_gradient_on_a_wgpu_device_reducer_fails_naming_both_backends() {
         "{err}"
     );
 }
+
+/// A parameter that one rank does not use gets device zeros from it and the averaged gradient
+/// everywhere; one that no rank uses gets no gradient anywhere: as on the host path (Flex, one
+/// process) on the device path.
+#[test]
+fn unused_parameters_on_the_device_path_are_averaged_or_left_without_gradient() {
+    use burn_dist::testing::train_with_unused;
+    burn_dist_kernels::testing::wgpu_client();
+    let device = WgpuDevice::default();
+    let make = |comm| Ddp::for_thread_staged::<Wgpu>(comm, config(), &device);
+    let host = |comm| Ddp::for_thread(comm, config());
+    type Host = Autodiff<DistributedBackend<Flex>>;
+    type OnWgpu = Autodiff<DistributedBackend<Wgpu>>;
+    for (world, unused_on) in [
+        (3, &(|v: usize| v == 1) as &(dyn Fn(usize) -> bool + Sync)),
+        (2, &|_| true),
+    ] {
+        let reference = train_with_unused::<Host>(1, world, unused_on, host, &FlexDevice).remove(0);
+        let ranks = train_with_unused::<OnWgpu>(world, world, unused_on, make, &device);
+        let everywhere_unused = world == 2;
+        for (rank, (params, got)) in ranks.iter().enumerate() {
+            let what = format!("{world} ranks, rank {rank}");
+            burn_dist::testing::assert_close(params, &reference.0, TOLERANCE, &what);
+            assert!(params == &ranks[0].0, "{what}: differs from rank 0");
+            assert_eq!(
+                *got, !everywhere_unused,
+                "{what}: the second branch's gradient"
+            );
+        }
+    }
+}
