@@ -111,8 +111,11 @@ pub fn gpu_check(args: &[String]) -> Result<(), String> {
          as results.jsonl, gpu-check.md and gpu-check.log; read the libraries and \
          ddp-step/address lines first):\n\
          \n    run(command=\"bash {OUT_DIR}/run.sh\", carry=[\"{OUT_DIR}\"], timeout_s={CALL_TIMEOUT_S})\n\
-         \nthen, time permitting, the end-to-end GPT-2 124M comparison with PyTorch (gpt-f32, \
-         gpt-bf16, torch-gpt; also 300 s of limits):\n\
+         \nthen, time permitting (15 minutes of device time hold two such calls), the device \
+         path on Burn's Cuda with fusion (device-path, 200 s of limits):\n\
+         \n    run(command=\"bash {OUT_DIR}/run.sh device\", carry=[\"{OUT_DIR}\"], timeout_s={CALL_TIMEOUT_S})\n\
+         \nor the end-to-end GPT-2 124M comparison with PyTorch (gpt-f32, gpt-bf16, torch-gpt; \
+         300 s of limits):\n\
          \n    run(command=\"bash {OUT_DIR}/run.sh gpt\", carry=[\"{OUT_DIR}\"], timeout_s={CALL_TIMEOUT_S})\n",
         binary as f64 / (1 << 20) as f64,
         total as f64 / (1 << 20) as f64,
