@@ -9,6 +9,9 @@ pub enum ZeroError {
     /// Boxed: a checkpoint error can itself carry a `ZeroError`.
     #[error(transparent)]
     Checkpoint(Box<crate::checkpoint::CheckpointError>),
+    /// `ZeroAdamConfig::host_threads` could not give a thread pool.
+    #[error("ZeroAdamConfig::host_threads = Some({threads}): no thread pool ({reason})")]
+    HostThreads { threads: usize, reason: String },
     #[error("{0}")]
     Usage(String),
 }
