@@ -96,7 +96,7 @@ pub fn bench_host_step(args: &[String]) -> Result<(), String> {
     let python = torch_python()?;
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../benches/torch/adamw_cpu.py");
 
-    let mut per_round: Vec<BTreeMap<Key, f64>> = Vec::new();
+    let mut per_round: Vec<BTreeMap<Key, Timing>> = Vec::new();
     for round in 0..rounds {
         let mut commands = [Command::new(&ours), Command::new(&python)];
         commands[1].arg(&script);
@@ -148,8 +148,15 @@ fn torch_python() -> Result<PathBuf, String> {
     }
 }
 
+/// One run's figures for one key, ms: the median step and the fastest step.
+#[derive(Debug, Clone, Copy)]
+struct Timing {
+    median: f64,
+    best: f64,
+}
+
 /// Runs one bench and parses its lines `<impl> <variant> <elements> <threads> <median> <min>`.
-fn measurements(command: &mut Command) -> Result<Vec<(Key, f64)>, String> {
+fn measurements(command: &mut Command) -> Result<Vec<(Key, Timing)>, String> {
     let shown = format!("{command:?}");
     let output = command
         .stderr(std::process::Stdio::inherit())
@@ -164,11 +171,12 @@ fn measurements(command: &mut Command) -> Result<Vec<(Key, f64)>, String> {
         .map(|line| {
             let fields: Vec<&str> = line.split_whitespace().collect();
             let parsed = match fields.as_slice() {
-                [imp, variant, n, threads, median, _min] => {
-                    match (n.parse(), threads.parse(), median.parse()) {
-                        (Ok(n), Ok(threads), Ok(median)) => {
-                            Some(((imp.to_string(), variant.to_string(), n, threads), median))
-                        }
+                [imp, variant, n, threads, median, best] => {
+                    match (n.parse(), threads.parse(), median.parse(), best.parse()) {
+                        (Ok(n), Ok(threads), Ok(median), Ok(best)) => Some((
+                            (imp.to_string(), variant.to_string(), n, threads),
+                            Timing { median, best },
+                        )),
                         _ => None,
                     }
                 }
@@ -188,56 +196,92 @@ fn median(mut values: Vec<f64>) -> Option<f64> {
     Some((values[(n - 1) / 2] + values[n / 2]) / 2.0)
 }
 
+fn min(values: &[f64]) -> Option<f64> {
+    values.iter().copied().reduce(f64::min)
+}
+
+fn max(values: &[f64]) -> Option<f64> {
+    values.iter().copied().reduce(f64::max)
+}
+
 /// Markdown tables (update only; the whole step with the norm; each at early and late steps),
-/// one row per (size, threads): the median times and torch/ours (above 1: ours is faster), with the range of the
-/// per-round ratios; then ours and torch's foreach per round, to show the noise.
-fn print_table(per_round: &[BTreeMap<Key, f64>]) {
+/// one row per (size, threads). Each time is the median over the rounds of each run's median
+/// step, then, in brackets, the fastest step of all rounds. Each torch/ours (above 1: ours is
+/// faster) is the median of the per-round ratios of run medians with their range, then the
+/// ratio of the fastest steps, which a busy machine disturbs least. Then ours and torch's
+/// foreach per round, to show the noise.
+fn print_table(per_round: &[BTreeMap<Key, Timing>]) {
     let mut cases: Vec<(usize, usize)> = per_round
         .iter()
         .flat_map(|t| t.keys().map(|(_, _, n, threads)| (*n, *threads)))
         .collect();
     cases.sort();
     cases.dedup();
-    let times = |imp: &str, variant: &str, n: usize, threads: usize| -> Vec<f64> {
-        let key = (imp.to_string(), variant.to_string(), n, threads);
+    let key = |imp: &str, variant: &str, n: usize, threads: usize| {
+        (imp.to_string(), variant.to_string(), n, threads)
+    };
+    let timings = |imp: &str, variant: &str, n: usize, threads: usize| -> Vec<Timing> {
+        let key = key(imp, variant, n, threads);
         per_round
             .iter()
             .filter_map(|t| t.get(&key).copied())
             .collect()
     };
-    // torch/ours per round, where both ran.
-    let ratios = |ours: &str, torch: &str, n: usize, threads: usize| -> Vec<f64> {
-        let key = |imp: &str, v: &str| (imp.to_string(), v.to_string(), n, threads);
-        per_round
+    let medians = |imp, variant, n, threads| -> Vec<f64> {
+        timings(imp, variant, n, threads)
             .iter()
-            .filter_map(|t| Some(t.get(&key("torch", torch))? / t.get(&key("ours", ours))?))
+            .map(|t| t.median)
             .collect()
+    };
+    let best = |imp, variant, n, threads| -> Option<f64> {
+        min(&timings(imp, variant, n, threads)
+            .iter()
+            .map(|t| t.best)
+            .collect::<Vec<_>>())
     };
     for (title, columns) in TABLES {
         println!(
-            "\n### {title}: median ms over {} rounds; torch/ours\n",
+            "\n### {title}\n\nms: median of {} runs' median steps (fastest step); torch/ours: \
+             median of the runs' ratios (range); ratio of the fastest steps\n",
             per_round.len()
         );
         let [(ours_label, _, ours), rest @ ..] = columns;
         let mut header = format!("| elements | threads | {ours_label} |");
         for (label, _, _) in rest {
-            header += &format!(" {label} | torch/ours (range) |");
+            header += &format!(" {label} | torch/ours |");
         }
         println!("{header}");
         println!("|{}", "---|".repeat(3 + 2 * rest.len()));
         for &(n, threads) in &cases {
-            let cell = |imp, variant| {
-                median(times(imp, variant, n, threads))
-                    .map_or("–".into(), |ms| format!("{ms:.2}"))
+            let cell = |imp, variant| match (
+                median(medians(imp, variant, n, threads)),
+                best(imp, variant, n, threads),
+            ) {
+                (Some(m), Some(b)) => format!("{m:.2} ({b:.2})"),
+                _ => "–".into(),
             };
             let mut row = format!("| {n} | {threads} | {} |", cell("ours", ours));
             for (_, _, variant) in rest {
-                let r = ratios(ours, variant, n, threads);
-                let range = r.iter().copied().fold(None, |acc: Option<(f64, f64)>, x| {
-                    Some(acc.map_or((x, x), |(lo, hi)| (lo.min(x), hi.max(x))))
-                });
-                let ratio = match (median(r), range) {
-                    (Some(m), Some((lo, hi))) => format!("**{m:.2}×** ({lo:.2}–{hi:.2})"),
+                // torch/ours per round, where both ran.
+                let ratios: Vec<f64> = per_round
+                    .iter()
+                    .filter_map(|t| {
+                        let torch = t.get(&key("torch", variant, n, threads))?;
+                        Some(torch.median / t.get(&key("ours", ours, n, threads))?.median)
+                    })
+                    .collect();
+                let best_ratio = best("torch", variant, n, threads)
+                    .zip(best("ours", ours, n, threads))
+                    .map(|(t, o)| t / o);
+                let ratio = match (
+                    median(ratios.clone()),
+                    min(&ratios),
+                    max(&ratios),
+                    best_ratio,
+                ) {
+                    (Some(m), Some(lo), Some(hi), Some(b)) => {
+                        format!("**{m:.2}×** ({lo:.2}–{hi:.2}); {b:.2}×")
+                    }
                     _ => "–".into(),
                 };
                 row += &format!(" {} | {ratio} |", cell("torch", variant));
@@ -245,7 +289,9 @@ fn print_table(per_round: &[BTreeMap<Key, f64>]) {
             println!("{row}");
         }
     }
-    println!("\n### per round, ms: ours update / torch foreach; ours full / torch clip+foreach\n");
+    println!(
+        "\n### per round, run medians, ms: ours update / torch foreach; ours full / torch clip+foreach\n"
+    );
     for &(n, threads) in &cases {
         let show = |v: Vec<f64>| {
             v.iter()
@@ -255,10 +301,10 @@ fn print_table(per_round: &[BTreeMap<Key, f64>]) {
         };
         println!(
             "{n} elements, {threads} threads: [{}] / [{}]; [{}] / [{}]",
-            show(times("ours", "update", n, threads)),
-            show(times("torch", "foreach", n, threads)),
-            show(times("ours", "full", n, threads)),
-            show(times("torch", "foreach_clip", n, threads)),
+            show(medians("ours", "update", n, threads)),
+            show(medians("torch", "foreach", n, threads)),
+            show(medians("ours", "full", n, threads)),
+            show(medians("torch", "foreach_clip", n, threads)),
         );
     }
 }
