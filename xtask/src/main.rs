@@ -5,6 +5,7 @@ use std::process::{Command, ExitCode};
 
 mod gpt;
 mod gpu_check;
+mod host_step;
 mod mutants;
 mod prerequisites;
 
@@ -39,7 +40,12 @@ tasks:
   bench-overhead [ROUNDS]
                 DDP overhead at world size 1: the same transformer step on plain
                 Autodiff<Flex> and under DDP, interleaved ROUNDS times (default 6), release
-                (see docs/perf/ddp-overhead.md)";
+                (see docs/perf/ddp-overhead.md)
+  bench-host-step [--rounds N] [--sizes N,..] [--threads T,..] [--reps R]
+                ZeroAdam's host step (vectorized, multi-threaded) beside PyTorch's CPU
+                AdamW (foreach and fused), same sizes and threads, alternately N times
+                (default 3); installs torch from PyPI into a venv when missing; never in
+                CI (see docs/perf/host-step.md)";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -56,6 +62,7 @@ fn main() -> ExitCode {
         Some("bench") => prerequisites::ensure_vulkan_driver()
             .and_then(|()| cargo(&["bench", "-p", "burn-dist-benches"])),
         Some("gpu-check") => gpu_check::gpu_check(&args[1..]),
+        Some("bench-host-step") => host_step::bench_host_step(&args[1..]),
         Some("pretrain") => gpt::pretrain(&args[1..]),
         Some("soak") => gpt::soak().and_then(|()| chaos(args.get(1).map_or("600", String::as_str))),
         Some("bench-overhead") => match args.get(1).map_or(Ok(6), |r| r.parse::<usize>()) {

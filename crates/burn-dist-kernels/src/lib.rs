@@ -6,8 +6,10 @@
 //!    ([`reference::adam_update`]).
 //!
 //! [`reference`] is plain Rust over slices; `kernels` runs the same function on any cubecl
-//! runtime ([`FusedAdam`]), with no host read between the passes.
+//! runtime ([`FusedAdam`]), with no host read between the passes; [`host`] is the same
+//! function again, bitwise, vectorized and multi-threaded: the CPU-offload step.
 
+pub mod host;
 pub mod kernels;
 pub mod reference;
 pub mod testing;

@@ -107,7 +107,7 @@ pub enum ModelCopy<'a> {
 }
 
 impl ModelCopy<'_> {
-    fn len(&self) -> Option<usize> {
+    pub(crate) fn len(&self) -> Option<usize> {
         match self {
             ModelCopy::None => None,
             ModelCopy::F32(x) => Some(x.len()),
@@ -195,9 +195,10 @@ pub fn adam_update(
     }
 }
 
-/// One element of the update, in Burn's operation order. Returns the new parameter.
-#[inline]
-fn adam_element(
+/// One element of the update, in Burn's operation order. Returns the new parameter. Also the
+/// element function of the fast path (`host`): always inlined, so that its loops vectorize.
+#[inline(always)]
+pub(crate) fn adam_element(
     p: f32,
     m: &mut f32,
     v: &mut f32,

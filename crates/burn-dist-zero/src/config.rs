@@ -37,6 +37,13 @@ pub struct ZeroAdamConfig {
     /// elements, and each rank keeps only its shard of the gradient).
     #[config(default = 1)]
     pub stage: u8,
+    /// Threads of the host step (state on the host, not `ZeroAdam::on_device`): `Some(n)` gives
+    /// this optimizer its own pool of n threads; `None` runs on rayon's global pool, which
+    /// Burn's Flex backend shares: `RAYON_NUM_THREADS` threads, else one per core. With several
+    /// ranks on one machine, give each rank its share of the cores. The result does not depend
+    /// on the thread count (see `burn_dist_kernels::host`).
+    #[config(default = "None")]
+    pub host_threads: Option<usize>,
 }
 
 impl ZeroAdamConfig {

@@ -13,6 +13,9 @@ pub enum ZeroError {
     #[cfg(feature = "device")]
     #[error(transparent)]
     Device(#[from] burn_dist_device::DeviceError),
+    /// `ZeroAdamConfig::host_threads` could not give a thread pool.
+    #[error("ZeroAdamConfig::host_threads = Some({threads}): no thread pool ({reason})")]
+    HostThreads { threads: usize, reason: String },
     #[error("{0}")]
     Usage(String),
 }

@@ -1,7 +1,8 @@
 //! ZeRO for burn-dist: Adam(W) with the fp32 master weights and moments sharded across ranks.
 //!
-//! With N ranks each rank keeps 1/N of the optimizer state. The update itself is the CPU
-//! reference of the fused step in `burn-dist-kernels` (the GPU runs the fused kernels).
+//! With N ranks each rank keeps 1/N of the optimizer state. On the host the update is
+//! `burn_dist_kernels::host` (the CPU reference of the fused step, vectorized and on rayon
+//! threads, bitwise equal to it); on a device, the fused kernels.
 
 pub mod checkpoint;
 mod config;

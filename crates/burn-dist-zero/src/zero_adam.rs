@@ -12,6 +12,7 @@
 //!
 //! Each rank keeps `3 × shard_len` floats of state instead of `3 × total`.
 
+use std::ops::Range;
 use std::sync::Arc;
 
 use burn::module::{AutodiffModule, ModuleMapper, ModuleVisitor, Param};
@@ -22,7 +23,7 @@ use burn_dist::{Ddp, GradScaler, ParamInfo};
 use burn_dist_comm::{Communicator, HostBuffer, HostCommunicator};
 #[cfg(feature = "device")]
 use burn_dist_kernels::Hyper;
-use burn_dist_kernels::{ModelCopy, StepScalars, adam_update, clip_factor, unscale_and_check};
+use burn_dist_kernels::{ModelCopy, StepScalars, clip_factor, host};
 
 use crate::config::ZeroAdamConfig;
 use crate::error::{Result, ZeroError};
@@ -49,6 +50,9 @@ pub struct ZeroAdam {
     /// host vectors are empty) and the fused kernels update them (feature `device`).
     #[cfg(feature = "device")]
     device: Option<Box<dyn ResidentState>>,
+    /// The host step's own threads (`ZeroAdamConfig::host_threads`); `None`: rayon's global
+    /// pool.
+    host_pool: Option<rayon::ThreadPool>,
 }
 
 /// One rank's optimizer state: its shard of the fp32 master weights and moments, and the
@@ -111,6 +115,7 @@ impl ZeroAdam {
             _b: Default::default(),
         };
         model.visit(&mut read);
+        let host_pool = config.host_threads.map(host_pool).transpose()?;
         Ok(ZeroAdam {
             comm: ddp.comm(),
             time: vec![0; params.len()],
@@ -124,6 +129,7 @@ impl ZeroAdam {
             skipped: 0,
             #[cfg(feature = "device")]
             device: None,
+            host_pool,
         })
     }
 
@@ -334,7 +340,9 @@ impl ZeroAdam {
         };
 
         // 2. Agree on found-inf and the global norm.
-        let (found_inf, sum_sq) = unscale_and_check(&mut grad, inv_scale);
+        let (found_inf, sum_sq) = on_threads(self.host_pool.as_ref(), || {
+            host::unscale_and_check(&mut grad, inv_scale)
+        });
         let (report, _) = self.conclude(found_inf, sum_sq, &has_grad)?;
         let (found_inf, clip) = (report.skipped, report.clip);
 
@@ -342,23 +350,21 @@ impl ZeroAdam {
         //    parameter, and a parameter without a gradient is left alone).
         let scalars = |step| self.config.scalars(lr, step);
         if !found_inf {
-            for (piece, has_grad) in self.pieces.iter().zip(&present) {
-                if !has_grad {
-                    continue;
+            let (master, m, v) = (&mut self.master, &mut self.m, &mut self.v);
+            on_threads(self.host_pool.as_ref(), || {
+                for (r, step) in update_runs(&self.pieces, &present, &self.time) {
+                    host::adam_update(
+                        &mut master[r.clone()],
+                        &mut m[r.clone()],
+                        &mut v[r.clone()],
+                        &grad[r],
+                        clip,
+                        false,
+                        &scalars(step),
+                        ModelCopy::None,
+                    );
                 }
-                let scalars = scalars(self.time[piece.param]);
-                let r = piece.in_shard.clone();
-                adam_update(
-                    &mut self.master[r.clone()],
-                    &mut self.m[r.clone()],
-                    &mut self.v[r.clone()],
-                    &grad[r],
-                    clip,
-                    false,
-                    &scalars,
-                    ModelCopy::None,
-                );
-            }
+            });
         }
 
         // 4. Everyone gets every updated shard.
@@ -507,6 +513,50 @@ impl ZeroAdam {
     }
 }
 
+/// The host step's thread pool of `threads` threads.
+fn host_pool(threads: usize) -> Result<rayon::ThreadPool> {
+    if threads == 0 {
+        return Err(ZeroError::HostThreads {
+            threads,
+            reason: "give at least 1, or None for rayon's global pool".into(),
+        });
+    }
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .thread_name(|i| format!("zero-adam-host-{i}"))
+        .build()
+        .map_err(|e| ZeroError::HostThreads {
+            threads,
+            reason: e.to_string(),
+        })
+}
+
+/// Runs `work` on `pool`, or on the current rayon pool (the global one) when `None`.
+fn on_threads<R: Send>(pool: Option<&rayon::ThreadPool>, work: impl FnOnce() -> R + Send) -> R {
+    match pool {
+        Some(pool) => pool.install(work),
+        None => work(),
+    }
+}
+
+/// The shard ranges the host step updates, each with its step count: the pieces that had a
+/// gradient (`present`, per piece), adjacent ones with the same step count merged, so that a
+/// model whose parameters all step together is one range (one parallel update of the whole
+/// shard, less its padding) instead of one per parameter.
+fn update_runs(pieces: &[Piece], present: &[bool], time: &[u32]) -> Vec<(Range<usize>, u32)> {
+    let mut runs: Vec<(Range<usize>, u32)> = Vec::new();
+    for (piece, _) in pieces.iter().zip(present).filter(|(_, present)| **present) {
+        let step = time[piece.param];
+        match runs.last_mut() {
+            Some((run, run_step)) if run.end == piece.in_shard.start && *run_step == step => {
+                run.end = piece.in_shard.end;
+            }
+            _ => runs.push((piece.in_shard.clone(), step)),
+        }
+    }
+    runs
+}
+
 impl ZeroAdamConfig {
     /// The update's scalars at learning rate `lr` and step `step`.
     fn scalars(&self, lr: f64, step: u32) -> StepScalars {
@@ -609,5 +659,46 @@ impl<B: AutodiffBackend, M: AutodiffModule<B>> burn_dist::testing::Stepper<B, M>
         ZeroAdam::step(self, lr, model, grads, ddp)
             .map(|(model, _)| model)
             .map_err(|e| burn_dist::DistError::Usage(e.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn piece(param: usize, in_shard: Range<usize>) -> Piece {
+        Piece {
+            param,
+            within: 0..in_shard.len(),
+            in_shard,
+        }
+    }
+
+    #[test]
+    fn update_runs_merge_adjacent_pieces_of_one_step_count() {
+        let pieces = [
+            piece(0, 0..5),
+            piece(1, 5..9),
+            piece(2, 9..20),
+            piece(3, 20..21),
+        ];
+        let all = [true; 4];
+        assert_eq!(update_runs(&pieces, &all, &[3, 3, 3, 3]), [(0..21, 3)]);
+        assert_eq!(
+            update_runs(&pieces, &all, &[3, 3, 2, 3]),
+            [(0..9, 3), (9..20, 2), (20..21, 3)],
+            "a parameter with another step count is its own run"
+        );
+    }
+
+    #[test]
+    fn update_runs_leave_out_pieces_without_a_gradient() {
+        let pieces = [piece(0, 0..5), piece(1, 5..9), piece(2, 9..20)];
+        assert_eq!(
+            update_runs(&pieces, &[true, false, true], &[4, 4, 4]),
+            [(0..5, 4), (9..20, 4)],
+            "the runs on either side of a piece without a gradient are not joined"
+        );
+        assert!(update_runs(&pieces, &[false; 3], &[4, 4, 4]).is_empty());
     }
 }

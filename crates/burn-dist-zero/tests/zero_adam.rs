@@ -469,3 +469,42 @@ fn an_unknown_stage_is_refused_by_name() {
         "{error}"
     );
 }
+
+#[test]
+fn the_host_steps_own_thread_pool_gives_the_same_parameters() {
+    let global_pool = train(Synthetic::Mlp, 2, &ZeroAdamConfig::new());
+    let own_pool = train(
+        Synthetic::Mlp,
+        2,
+        &ZeroAdamConfig::new().with_host_threads(Some(3)),
+    );
+    assert!(
+        own_pool == global_pool,
+        "host_threads Some(3) against rayon's global pool"
+    );
+}
+
+#[test]
+fn zero_host_threads_are_refused_by_name() {
+    use burn_dist::testing::{MLP_SIZES, Mlp};
+    use burn_dist_zero::ZeroError;
+    let comm = HostCommunicator::local_group(1, &CommConfig::default()).remove(0);
+    let mut ddp = Ddp::for_thread(comm, DdpConfig::new());
+    let model = ddp
+        .prepare(Mlp::<B>::new(&MLP_SIZES, 7, &FlexDevice))
+        .unwrap();
+    let Err(error) = ZeroAdamConfig::new()
+        .with_host_threads(Some(0))
+        .init::<B, _>(&ddp, &model)
+    else {
+        panic!("0 host threads must be refused");
+    };
+    assert!(
+        matches!(error, ZeroError::HostThreads { threads: 0, .. }),
+        "{error:?}"
+    );
+    assert!(
+        error.to_string().contains("host_threads = Some(0)"),
+        "{error}"
+    );
+}
