@@ -3,7 +3,7 @@
 //! A CPU backend left alone sizes its thread pool to the whole machine (rayon's global pool, which
 //! Flex and gemm use, does). N ranks on one host of N cores then run N² busy threads, which take
 //! the cores and the caches from each other: on 2 cores, 2 ranks of the tiny GPT ran 22 % faster
-//! with one thread each (docs/perf/cpu-throughput.md). So each rank gets
+//! with one thread each (issue 17; docs/perf/cpu-throughput.md). So each rank gets
 //! `max(1, cores / local ranks)` threads, through the variables the pools read, unless the user
 //! set them: `burn-dist-run` puts them in each rank's environment, and `Ddp::init` sizes rayon's
 //! pool itself for ranks started some other way (Slurm, torchrun). See docs/guide.md, "Threads
