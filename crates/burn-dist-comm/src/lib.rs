@@ -9,6 +9,8 @@
 //!   how buffers are split into messages.
 //! - [`init`] and [`Group`]: rendezvous from `RANK`/`WORLD_SIZE`/`MASTER_ADDR`/`MASTER_PORT`
 //!   (or Slurm's variables) through a TCP store hosted by rank 0.
+//! - [`ThreadShare`]: each rank's share of the host's cores, which `burn-dist-run` and
+//!   burn-dist's `Ddp::init` give to the ranks' thread pools.
 //! - `NcclCommunicator` (feature `cuda`): the same collectives on GPU buffers through NCCL,
 //!   which is loaded at run time (see `docs/gpu.md`).
 //!
@@ -30,6 +32,7 @@ mod op;
 mod reduce;
 pub mod store;
 pub mod testing;
+pub mod threads;
 mod transport;
 mod wire;
 
@@ -43,4 +46,5 @@ pub use init::{Group, connect, init};
 pub use nccl::{DeviceBuffer, InPlaceGroup, InPlaceOp, NcclCommunicator, RawSlice};
 pub use op::{OpDesc, OpKind, human_bytes};
 pub use reduce::chunk_range;
+pub use threads::ThreadShare;
 pub use transport::Link;

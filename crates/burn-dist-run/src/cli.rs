@@ -8,7 +8,9 @@ use clap::Parser;
 /// Run one process per rank of a burn-dist job on this node, torchrun style.
 ///
 /// Each process gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR,
-/// MASTER_PORT and BURN_DIST_TOKEN in its environment. Its output is prefixed with `[rank R]`.
+/// MASTER_PORT and BURN_DIST_TOKEN in its environment, and RAYON_NUM_THREADS and OMP_NUM_THREADS
+/// set to its share of the cores (cores / N, at least 1) unless they are already set. Its output
+/// is prefixed with `[rank R]`.
 /// When one rank fails, the others are stopped and the launcher exits with the failed rank's code.
 #[derive(Debug, Parser)]
 #[command(

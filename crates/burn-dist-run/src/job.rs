@@ -5,6 +5,7 @@ use std::ffi::OsString;
 use std::net::{IpAddr, Ipv4Addr, TcpListener};
 use std::time::Duration;
 
+use burn_dist_comm::ThreadShare;
 use burn_dist_comm::env::{MAX_WORLD_SIZE, resolve_master};
 
 use crate::cli::Args;
@@ -25,13 +26,18 @@ pub struct Job {
     pub token: OsString,
     pub command: Vec<OsString>,
     pub grace: Duration,
+    /// Each rank's share of this node's cores, for the thread-count variables the user left
+    /// unset.
+    pub threads: ThreadShare,
 }
 
 impl Job {
-    /// Checks the options, then resolves the port and token. `env_token` is the launcher's own
-    /// BURN_DIST_TOKEN, passed in so tests need not touch the process environment.
+    /// Checks the options, then resolves the port and token, and each rank's share of this node's
+    /// cores. `env_token` is the launcher's own BURN_DIST_TOKEN, passed in so tests need not
+    /// touch the process environment.
     pub fn from_args(args: Args, env_token: Option<OsString>) -> Result<Job, LaunchError> {
         validate(&args)?;
+        let threads = ThreadShare::from_env(args.nproc_per_node as usize);
         // The token check comes before picking a port: it is a usage error and costs no I/O.
         let token = resolve_token(env_token, args.nnodes)?;
         let master_port = resolve_port(&args.master_addr, args.master_port)?;
@@ -44,6 +50,7 @@ impl Job {
             token,
             command: args.command,
             grace: Duration::from_secs(args.stop_grace_secs),
+            threads,
         })
     }
 
@@ -58,7 +65,9 @@ impl Job {
     /// The variables set for the child with this local rank, on top of the launcher's own
     /// environment.
     pub fn rank_env(&self, local_rank: u32) -> Vec<(&'static str, OsString)> {
-        vec![
+        let threads = self.threads.env().into_iter();
+        let threads = threads.map(|(var, value)| (var, OsString::from(value)));
+        let mut env = vec![
             ("RANK", self.global_rank(local_rank).to_string().into()),
             ("WORLD_SIZE", self.world_size().to_string().into()),
             ("LOCAL_RANK", local_rank.to_string().into()),
@@ -67,7 +76,9 @@ impl Job {
             ("MASTER_ADDR", self.master_addr.clone().into()),
             ("MASTER_PORT", self.master_port.to_string().into()),
             (TOKEN_VAR, self.token.clone()),
-        ]
+        ];
+        env.extend(threads);
+        env
     }
 }
 

@@ -37,6 +37,8 @@ fn run(args: cli::Args) -> i32 {
     if let Err(err) = signals::deliver_as_events(events.clone()) {
         return report(err);
     }
+    // Once, before the ranks' own output.
+    eprintln!("burn-dist-run: {}", job.threads);
     let mut supervisor = Supervisor::new(received, job.grace);
     for local_rank in 0..job.nproc_per_node {
         match spawn::spawn_rank(&job, local_rank, &events) {

@@ -72,6 +72,75 @@ fn env_is_set_for_every_rank() {
     assert!(token.bytes().all(|b| b.is_ascii_hexdigit()), "{token}");
 }
 
+/// What each rank of a node should get: `max(1, cores / ranks)`, computed here from the cores
+/// this test may use (the launcher it starts inherits the same affinity and quota).
+fn expected_share(ranks: usize) -> String {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    (cores / ranks).max(1).to_string()
+}
+
+/// The lines of the launcher's own stderr that announce the thread share.
+fn share_lines(launch: &Launch) -> Vec<&str> {
+    let lines = launch.stderr().into_iter();
+    lines
+        .filter(|l| l.starts_with("burn-dist-run: ") && l.contains("on this host share"))
+        .collect()
+}
+
+#[test]
+fn each_rank_gets_its_share_of_the_cores_and_the_launcher_says_so_once() {
+    let script = "echo $RAYON_NUM_THREADS $OMP_NUM_THREADS";
+    let options = ["--nproc-per-node", "2", "--master-port", "0"];
+    let mut launch = Launch::spawn(&sh(&options, script), &[]);
+    let status = launch.wait_exit(within(30));
+    assert!(status.success(), "{status}\n{}", launch.transcript());
+    let share = expected_share(2);
+    for rank in 0..2 {
+        assert_eq!(
+            lines_of_rank(&launch, rank),
+            [format!("{share} {share}")],
+            "rank {rank}\n{}",
+            launch.transcript()
+        );
+    }
+    let announced = share_lines(&launch);
+    assert_eq!(announced.len(), 1, "{}", launch.transcript());
+    let each = format!("each gets {share} thread");
+    assert!(announced[0].contains(&each), "{}", announced[0]);
+    assert!(
+        announced[0].contains(&format!(
+            "RAYON_NUM_THREADS={share} OMP_NUM_THREADS={share}"
+        )),
+        "{}",
+        announced[0]
+    );
+}
+
+#[test]
+fn thread_counts_the_user_set_win_over_the_share() {
+    let script = "echo $RAYON_NUM_THREADS $OMP_NUM_THREADS";
+    let options = ["--nproc-per-node", "2", "--master-port", "0"];
+    let mut launch = Launch::spawn(&sh(&options, script), &[("RAYON_NUM_THREADS", "3")]);
+    let status = launch.wait_exit(within(30));
+    assert!(status.success(), "{status}\n{}", launch.transcript());
+    let share = expected_share(2);
+    for rank in 0..2 {
+        assert_eq!(
+            lines_of_rank(&launch, rank),
+            [format!("3 {share}")],
+            "rank {rank}: the user's RAYON_NUM_THREADS, the share for OMP_NUM_THREADS\n{}",
+            launch.transcript()
+        );
+    }
+    let announced = share_lines(&launch);
+    assert_eq!(announced.len(), 1, "{}", launch.transcript());
+    assert!(
+        announced[0].contains("kept yours: RAYON_NUM_THREADS=3"),
+        "{}",
+        announced[0]
+    );
+}
+
 #[test]
 fn second_node_runs_the_ranks_after_the_first_nodes() {
     let options = [
@@ -303,7 +372,9 @@ fn output_is_prefixed_per_stream_and_partial_lines_are_kept() {
             launch.transcript()
         );
     }
-    assert_eq!(launch.stderr().len(), 2, "{}", launch.transcript());
+    // The ranks' two lines, and the launcher's own announcement of the thread share.
+    assert_eq!(share_lines(&launch).len(), 1, "{}", launch.transcript());
+    assert_eq!(launch.stderr().len(), 3, "{}", launch.transcript());
 }
 
 #[test]

@@ -32,6 +32,7 @@ use crate::model::{Overwrite, ParamInfo, Survey, distributed_id, first_differenc
 use crate::random::RandomStream;
 use crate::reducer::{Reducer, ReducerEvent, ReducerStats};
 use crate::sharded::GradientShard;
+use crate::threads::{PoolSize, share_cores};
 
 /// Settings of data-parallel training.
 #[derive(Config, Debug)]
@@ -53,6 +54,8 @@ pub struct Ddp {
     scope: Scope,
     params: Vec<ParamInfo>,
     accumulation: usize,
+    /// What joining did to rayon's global pool; `None` for an in-process group.
+    pool: Option<PoolSize>,
     /// Keeps the store alive on rank 0 for as long as training runs.
     _group: Option<Group>,
     /// Device path: the reducer's device collectives (an `Arc<dyn DeviceCollectives<R>>`), for
@@ -64,14 +67,16 @@ pub struct Ddp {
 impl Ddp {
     /// Joins the job described by the environment (`burn-dist-run`, torchrun or Slurm
     /// variables) and installs the reducer for the whole process.
+    ///
+    /// Unless RAYON_NUM_THREADS is set (`burn-dist-run` sets it), rayon's global pool, which
+    /// Flex computes on, is built with this rank's share of the host's cores:
+    /// `max(1, cores / local ranks)` threads (see [`Ddp::thread_pool`] and docs/guide.md,
+    /// "Threads per rank"). Call it before the first tensor operation, which builds the pool.
     pub fn init(config: DdpConfig) -> Result<Ddp> {
-        let group = burn_dist_comm::init(CommConfig::default())?;
-        Ok(Ddp::new(
-            group.comm.clone(),
-            config,
-            Scope::Process,
-            Some(group),
-        ))
+        let (group, pool) = join()?;
+        let mut ddp = Ddp::new(group.comm.clone(), config, Scope::Process, Some(group));
+        ddp.pool = Some(pool);
+        Ok(ddp)
     }
 
     /// Joins the job described by the environment, like [`Ddp::init`], and reduces gradients
@@ -91,8 +96,10 @@ impl Ddp {
     where
         B: crate::CubeResident<Runtime = burn_cubecl::cubecl::cuda::CudaRuntime>,
     {
-        let group = burn_dist_comm::init(CommConfig::default())?;
-        Ddp::with_nccl::<B>(group, config, device)
+        let (group, pool) = join()?;
+        let mut ddp = Ddp::with_nccl::<B>(group, config, device)?;
+        ddp.pool = Some(pool);
+        Ok(ddp)
     }
 
     /// [`Ddp::init_nccl`] on a group already joined (e.g. `Group::join` with a `RankInfo`
@@ -129,9 +136,10 @@ impl Ddp {
         config: DdpConfig,
         device: &B::Device,
     ) -> Result<Ddp> {
-        let group = burn_dist_comm::init(CommConfig::default())?;
+        let (group, pool) = join()?;
         let comm = group.comm.clone();
-        let ddp = Ddp::new(comm.clone(), config, Scope::Process, Some(group));
+        let mut ddp = Ddp::new(comm.clone(), config, Scope::Process, Some(group));
+        ddp.pool = Some(pool);
         Ok(ddp.on_device::<B>(
             Arc::new(crate::StagedCollectives::new(comm, Arc::default())),
             B::cube_device(device),
@@ -212,10 +220,17 @@ impl Ddp {
             scope,
             params: Vec::new(),
             accumulation,
+            pool: None,
             _group: group,
             #[cfg(feature = "device")]
             device: None,
         }
+    }
+
+    /// What [`Ddp::init`] did to rayon's global pool (this rank's share of the cores, or why
+    /// not); `None` for a rank of an in-process group ([`Ddp::for_thread`]).
+    pub fn thread_pool(&self) -> Option<&PoolSize> {
+        self.pool.as_ref()
     }
 
     pub fn rank(&self) -> usize {
@@ -480,6 +495,14 @@ impl Ddp {
     pub fn set_observer(&self, observer: impl FnMut(&mut Reducer, ReducerEvent) + Send + 'static) {
         lock(&self.reducer).set_observer(Some(Box::new(observer)));
     }
+}
+
+/// Joins the job described by the environment, then gives rayon's pool this rank's share of the
+/// host's cores (after joining, so that a bad environment is reported first).
+fn join() -> Result<(Group, PoolSize)> {
+    let group = burn_dist_comm::init(CommConfig::default())?;
+    let pool = share_cores(group.info.local_world_size);
+    Ok((group, pool))
 }
 
 impl Drop for Ddp {

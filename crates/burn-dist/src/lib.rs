@@ -46,6 +46,7 @@ mod sharded;
 mod sync;
 #[doc(hidden)]
 pub mod testing;
+mod threads;
 
 pub use backend::DistributedBackend;
 pub use bucket::{BucketConfig, Layout};
@@ -58,6 +59,7 @@ pub use reducer::{Reducer, ReducerEvent, ReducerStats};
 pub use sampler::{DistributedSampler, ShardedDataset};
 pub use scaler::{GradScaler, GradScalerConfig, agree_found_inf};
 pub use sharded::GradientShard;
+pub use threads::PoolSize;
 
 #[doc(hidden)]
 pub use backend::FORWARDED;

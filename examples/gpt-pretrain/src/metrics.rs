@@ -1,6 +1,11 @@
 //! One JSON object per optimizer step (JSON Lines), written by rank 0, and the numbers in it that
 //! need computing: throughput, model FLOPs utilization and resident memory.
 //!
+//! Throughput is wall clock over whole iterations ([`LoopClock`]): each step's time runs from the
+//! previous step's record to its own, so evaluation, checkpoints and bookkeeping count, and the
+//! steps' times add up to the loop's. What is printed and plotted is then what a user timing the
+//! run gets.
+//!
 //! MFU = `flops_per_token · tokens_per_s / peak_flops`, with `flops_per_token = 6·N + 12·L·d·T`
 //! (see [`crate::model::GptConfig::flops_per_token`]): the FLOPs the model needs, not the ones
 //! the hardware ran (no recomputation counted).
@@ -8,6 +13,7 @@
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, BufWriter, Write};
 use std::path::{Path, PathBuf};
+use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
@@ -35,17 +41,88 @@ pub struct StepRecord {
     /// Whether the step was skipped (loss scaling found inf/NaN).
     #[serde(default)]
     pub skipped: bool,
-    /// Tokens of the global batch per second of this step's wall time (all ranks together).
+    /// Tokens of the global batch per second of this iteration's wall time (all ranks
+    /// together): from the previous step's record to this one's, evaluation and checkpoints
+    /// included.
     pub tokens_per_s: f64,
     /// Model FLOPs per second (`flops_per_token · tokens_per_s`).
     pub flops_per_s: f64,
     /// `flops_per_s / --peak-flops` (× world size's share is already in `flops_per_s`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mfu: Option<f64>,
-    /// Resident memory (VmRSS) of every rank at the end of the step, MiB, by rank.
+    /// Resident memory (VmRSS) of every rank at the end of the step, MiB, by rank; on the steps
+    /// that print a line only (`--log-every`, evaluations, the last), else empty.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub rss_mib: Vec<f64>,
     /// Seconds since the start of this process's training loop.
     pub elapsed_s: f64,
+}
+
+/// Tokens per second of wall time: over one iteration, over a log interval and over the whole
+/// loop, all read from one clock, so that they agree.
+pub struct LoopClock {
+    began: Instant,
+    /// The end of the previous iteration (its record).
+    lap: Instant,
+    /// The end of the iteration of the previous printed line, and the tokens since.
+    interval: (Instant, u64),
+    tokens: u64,
+}
+
+/// One reading of a [`LoopClock`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Rate {
+    pub tokens_per_s: f64,
+    /// Seconds since the loop began.
+    pub elapsed_s: f64,
+}
+
+impl LoopClock {
+    /// Starts the clock at the top of the training loop.
+    pub fn start() -> Self {
+        let now = Instant::now();
+        LoopClock {
+            began: now,
+            lap: now,
+            interval: (now, 0),
+            tokens: 0,
+        }
+    }
+
+    /// Ends an iteration that trained `tokens`: its rate since the previous one ended.
+    pub fn lap(&mut self, tokens: u64) -> Rate {
+        let now = Instant::now();
+        let seconds = now.duration_since(self.lap).as_secs_f64();
+        self.lap = now;
+        self.interval.1 += tokens;
+        self.tokens += tokens;
+        Rate {
+            tokens_per_s: tokens as f64 / seconds.max(f64::MIN_POSITIVE),
+            elapsed_s: now.duration_since(self.began).as_secs_f64(),
+        }
+    }
+
+    /// The rate over the iterations since the previous call (a log interval), up to the last lap.
+    pub fn interval(&mut self) -> f64 {
+        let (since, tokens) = self.interval;
+        self.interval = (self.lap, 0);
+        tokens as f64
+            / self
+                .lap
+                .duration_since(since)
+                .as_secs_f64()
+                .max(f64::MIN_POSITIVE)
+    }
+
+    /// The rate over the whole loop until now, and the tokens and seconds it is made of.
+    pub fn end_to_end(&self) -> (f64, u64, f64) {
+        let seconds = self.began.elapsed().as_secs_f64();
+        (
+            self.tokens as f64 / seconds.max(f64::MIN_POSITIVE),
+            self.tokens,
+            seconds,
+        )
+    }
 }
 
 /// Appends records to a JSON Lines file.
@@ -146,6 +223,34 @@ mod tests {
         assert_eq!(back[1], record(2, 3.0));
         assert_eq!(back[2].loss, 2.0, "the resumed run's step 3");
         std::fs::remove_file(&path).unwrap();
+    }
+
+    #[test]
+    fn the_laps_of_a_loop_clock_add_up_to_its_end_to_end_rate() {
+        let mut clock = LoopClock::start();
+        let mut seconds = 0.0;
+        let mut last = None;
+        for tokens in [100, 300, 200] {
+            // Some work of known size between the laps, so no lap is empty.
+            let spin = Instant::now();
+            while spin.elapsed().as_micros() < 500 {}
+            let rate = clock.lap(tokens);
+            seconds += tokens as f64 / rate.tokens_per_s;
+            last = Some(rate);
+        }
+        let interval = clock.interval();
+        let (end_to_end, tokens, _) = clock.end_to_end();
+        assert_eq!(tokens, 600);
+        let elapsed = last.unwrap().elapsed_s;
+        assert!(
+            (seconds - elapsed).abs() < 1e-9 * elapsed,
+            "{seconds} vs {elapsed}"
+        );
+        assert!((interval - 600.0 / elapsed).abs() < 1e-9 * interval);
+        assert!(
+            end_to_end <= interval,
+            "the end-to-end time also counts since the last lap"
+        );
     }
 
     #[test]

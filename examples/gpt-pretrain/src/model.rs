@@ -16,7 +16,7 @@ use burn::module::{Module, Param};
 use burn::nn::{Dropout, DropoutConfig, Embedding, Gelu, LayerNorm, LayerNormConfig, Linear};
 use burn::tensor::activation::{log_softmax, softmax};
 use burn::tensor::backend::Backend;
-use burn::tensor::{Bool, FloatDType, Int, Tensor, TensorData};
+use burn::tensor::{Bool, DType, FloatDType, Int, Tensor, TensorData};
 
 use crate::rng::SplitMix64;
 
@@ -234,17 +234,25 @@ impl<B: Backend> Gpt<B> {
         );
         let device = tokens.device();
         let positions = Tensor::<B, 1, Int>::arange(0..seq as i64, &device).reshape([1, seq]);
-        let mut x = self.drop.forward(
+        let x = self.drop.forward(
             self.wte.forward(tokens) + self.wpe.forward(positions).expand([batch, seq, d]),
         );
+        // The residual stream as one row per token: every Linear is then one matmul of
+        // [batch·seq, d] rows. On a [batch, seq, d] tensor Burn's `linear` runs a batched
+        // matmul, `batch` small ones, and its weight gradient sums `batch` partial products
+        // (docs/perf/cpu-throughput.md).
+        let mut x = x.reshape([batch * seq, d]);
+        let causal = causal_bias::<B>(seq, (&device, self.wte.weight.val().dtype()));
         for block in &self.h {
-            x = block.forward(x);
+            x = block.forward(x, batch, &causal);
         }
         let x = self.ln_f.forward(x);
-        match &self.lm_head {
+        let logits = match &self.lm_head {
             Some(head) => head.forward(x),
-            None => x.matmul(self.wte.weight.val().transpose().unsqueeze::<3>()),
-        }
+            None => x.matmul(self.wte.weight.val().transpose()),
+        };
+        let vocab = logits.dims()[1];
+        logits.reshape([batch, seq, vocab])
     }
 
     /// Mean cross-entropy (nats per token) of predicting `targets` `[batch, seq]`, computed in
@@ -264,44 +272,59 @@ impl<B: Backend> Gpt<B> {
     }
 }
 
+/// `[1, seq·seq]`: for each (query `i`, key `j`) pair in row-major order, 0 where `j ≤ i` and
+/// −∞ above the diagonal, in the model's dtype (`on`: device and dtype). Added to the attention
+/// scores viewed as `[batch·heads, seq·seq]`, it is one row shared by every row, which Flex adds
+/// with SIMD. A mask filled in instead would have to be expanded to the scores' shape and, not
+/// being contiguous, copied in the forward and again in the backward pass; a `[1, 1, seq, seq]`
+/// bias takes Flex's element-by-element path. Softmax gives the future exactly 0 either way.
+fn causal_bias<B: Backend>(seq: usize, on: (&B::Device, DType)) -> Tensor<B, 2> {
+    let future = Tensor::<B, 2, Bool>::tril_mask([seq, seq], 0, on.0);
+    Tensor::<B, 2>::zeros([seq, seq], on)
+        .mask_fill(future, f32::NEG_INFINITY)
+        .reshape([1, seq * seq])
+}
+
 impl<B: Backend> Block<B> {
-    fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
-        let x = x.clone() + self.attn.forward(self.ln_1.forward(x));
+    /// `x`: `[batch·seq, d]`, the rows of `batch` sequences.
+    fn forward(&self, x: Tensor<B, 2>, batch: usize, causal: &Tensor<B, 2>) -> Tensor<B, 2> {
+        let x = x.clone() + self.attn.forward(self.ln_1.forward(x), batch, causal);
         x.clone() + self.mlp.forward(self.ln_2.forward(x))
     }
 }
 
 impl<B: Backend> CausalSelfAttention<B> {
-    fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
-        let [batch, seq, d] = x.dims();
+    /// `x`: `[batch·seq, d]`; `causal`: [`causal_bias`] of `seq`.
+    fn forward(&self, x: Tensor<B, 2>, batch: usize, causal: &Tensor<B, 2>) -> Tensor<B, 2> {
+        let [rows, d] = x.dims();
+        let seq = rows / batch;
         let (heads, head_dim) = (self.n_head, d / self.n_head);
         let qkv = self.c_attn.forward(x);
         let split = |i: usize| {
             qkv.clone()
-                .slice([0..batch, 0..seq, i * d..(i + 1) * d])
+                .slice([0..rows, i * d..(i + 1) * d])
                 .reshape([batch, seq, heads, head_dim])
                 .swap_dims(1, 2)
         };
         let (q, k, v) = (split(0), split(1), split(2));
         let scores = q
             .matmul(k.transpose())
-            .mul_scalar(1.0 / (head_dim as f64).sqrt());
-        let future = Tensor::<B, 2, Bool>::tril_mask([seq, seq], 0, &scores.device())
-            .unsqueeze::<4>()
-            .expand([batch, heads, seq, seq]);
-        let weights = softmax(scores.mask_fill(future, f32::NEG_INFINITY), 3);
+            .mul_scalar(1.0 / (head_dim as f64).sqrt())
+            .reshape([batch * heads, seq * seq]);
+        let scores = (scores + causal.clone()).reshape([batch, heads, seq, seq]);
+        let weights = softmax(scores, 3);
         let y = self
             .attn_dropout
             .forward(weights)
             .matmul(v)
             .swap_dims(1, 2)
-            .reshape([batch, seq, d]);
+            .reshape([rows, d]);
         self.resid_dropout.forward(self.c_proj.forward(y))
     }
 }
 
 impl<B: Backend> Mlp<B> {
-    fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+    fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
         let x = self.gelu.forward(self.c_fc.forward(x));
         self.dropout.forward(self.c_proj.forward(x))
     }

@@ -5,7 +5,6 @@
 use std::io::Write;
 use std::num::NonZeroUsize;
 use std::path::PathBuf;
-use std::time::Instant;
 
 use burn::module::{AutodiffModule, Module};
 use burn::optim::{AdamW, AdamWConfig, Optimizer, adaptor::OptimizerAdaptor};
@@ -21,7 +20,7 @@ use burn_dist_models::Cast;
 
 use crate::cli::{Args, OptimizerKind, Precision};
 use crate::data::{self, Corpus, Loader};
-use crate::metrics::{self, MetricsWriter, StepRecord};
+use crate::metrics::{self, LoopClock, MetricsWriter, StepRecord};
 use crate::model::{Gpt, GptConfig};
 use crate::schedule::CosineSchedule;
 
@@ -266,7 +265,12 @@ impl<'a, B: AutodiffBackend> Trainer<'a, B> {
         let args = self.args;
         let steps = args.steps as u64;
         let floor = self.corpus.floor();
-        let began = Instant::now();
+        let tokens = (args.global_batch * self.config.context) as u64;
+        let flops_per_token = self.config.flops_per_token(self.config.context);
+        let mfu = |tokens_per_s: f64| {
+            args.peak_flops
+                .map(|peak| flops_per_token * tokens_per_s / peak)
+        };
         let mut outcome = Outcome {
             steps: self.start,
             final_loss: f64::NAN,
@@ -279,10 +283,9 @@ impl<'a, B: AutodiffBackend> Trainer<'a, B> {
                 self.start
             ));
         }
+        let mut clock = LoopClock::start();
         for done in self.start + 1..=steps {
-            let started = Instant::now();
             let (loss, lr, grad_norm, skipped, loss_scale) = self.step(done - 1)?;
-            let seconds = started.elapsed().as_secs_f64();
             let last = done == steps;
             let evaluates =
                 last || (args.eval_every > 0 && done.is_multiple_of(args.eval_every as u64));
@@ -291,8 +294,16 @@ impl<'a, B: AutodiffBackend> Trainer<'a, B> {
             } else {
                 None
             };
-            let tokens_per_s = (args.global_batch * self.config.context) as f64 / seconds;
-            let flops_per_s = self.config.flops_per_token(self.config.context) * tokens_per_s;
+            // The same decision on every rank: the resident-memory gather is a collective.
+            let prints = last
+                || evaluates
+                || (args.log_every > 0 && done.is_multiple_of(args.log_every as u64));
+            let rss_mib = if prints {
+                self.gather_rss()?
+            } else {
+                Vec::new()
+            };
+            let rate = clock.lap(tokens);
             let record = StepRecord {
                 step: done,
                 loss,
@@ -302,22 +313,20 @@ impl<'a, B: AutodiffBackend> Trainer<'a, B> {
                 loss_scale,
                 grad_norm: grad_norm.is_finite().then_some(grad_norm),
                 skipped,
-                tokens_per_s,
-                flops_per_s,
-                mfu: args.peak_flops.map(|peak| flops_per_s / peak),
-                rss_mib: self.gather_rss()?,
-                elapsed_s: began.elapsed().as_secs_f64(),
+                tokens_per_s: rate.tokens_per_s,
+                flops_per_s: flops_per_token * rate.tokens_per_s,
+                mfu: mfu(rate.tokens_per_s),
+                rss_mib,
+                elapsed_s: rate.elapsed_s,
             };
             if let Some(metrics) = &mut self.metrics {
                 metrics.write(&record)?;
             }
             self.bar.set_position(done);
             self.bar.set_message(format!("loss {loss:.4}"));
-            if last
-                || evaluates
-                || (args.log_every > 0 && done.is_multiple_of(args.log_every as u64))
-            {
-                self.say(log_line(&record, steps));
+            if prints {
+                let interval = clock.interval();
+                self.say(log_line(&record, steps, interval, mfu(interval)));
             }
             outcome = Outcome {
                 steps: done,
@@ -335,7 +344,7 @@ impl<'a, B: AutodiffBackend> Trainer<'a, B> {
             }
         }
         self.bar.finish_and_clear();
-        self.finish(&outcome)?;
+        self.finish(&outcome, &clock)?;
         Ok(outcome)
     }
 
@@ -486,11 +495,13 @@ impl<'a, B: AutodiffBackend> Trainer<'a, B> {
         Ok(())
     }
 
-    /// Rank 0: the parameter dump, the plot and the summary line.
-    fn finish(&self, outcome: &Outcome) -> Result<(), String> {
+    /// Rank 0: the parameter dump, the plot and the summary lines. The end-to-end rate is read
+    /// first: the loop, its last checkpoint included, and nothing after it.
+    fn finish(&self, outcome: &Outcome, clock: &LoopClock) -> Result<(), String> {
         if self.rank() != 0 {
             return Ok(());
         }
+        let (tokens_per_s, tokens, seconds) = clock.end_to_end();
         let model = self.model.as_ref().expect("the model is in place");
         if let Some(out) = &self.args.out {
             let params = burn_dist_models::step::float_params::<B, _>(model);
@@ -514,6 +525,10 @@ impl<'a, B: AutodiffBackend> Trainer<'a, B> {
             "done: {} steps, train loss {:.4}, validation loss {val}{gap}",
             outcome.steps, outcome.final_loss
         ));
+        self.say(format!(
+            "throughput: {tokens_per_s:.0} tokens/s end to end ({tokens} tokens in {seconds:.2} s \
+             of training loop, evaluations and checkpoints included)"
+        ));
         Ok(())
     }
 
@@ -522,7 +537,9 @@ impl<'a, B: AutodiffBackend> Trainer<'a, B> {
     }
 }
 
-fn log_line(r: &StepRecord, steps: u64) -> String {
+/// The line printed every `--log-every` steps: the step's numbers, with the throughput (and
+/// MFU) of the whole interval since the previous line.
+fn log_line(r: &StepRecord, steps: u64, tokens_per_s: f64, mfu: Option<f64>) -> String {
     let mut line = format!("step {:>5}/{steps} | loss {:.4}", r.step, r.loss);
     if let Some(v) = r.val_loss {
         line += &format!(" | val {v:.4}");
@@ -530,8 +547,8 @@ fn log_line(r: &StepRecord, steps: u64) -> String {
     if let Some(f) = r.floor {
         line += &format!(" | floor {f:.4}");
     }
-    line += &format!(" | lr {:.2e} | {:.0} tok/s", r.lr, r.tokens_per_s);
-    if let Some(mfu) = r.mfu {
+    line += &format!(" | lr {:.2e} | {tokens_per_s:.0} tok/s", r.lr);
+    if let Some(mfu) = mfu {
         line += &format!(" | MFU {:.2} %", 100.0 * mfu);
     }
     if let Some(s) = r.loss_scale {

@@ -4,6 +4,8 @@
 //! micro-batches each. Burn's AdamW with this example's global clipping and ZeRO stage 2 follow
 //! ZeroAdam stage 1 alike; f16 and bf16 train.
 //!
+//! The tokens/s printed every step and recorded for the plot add up to the end-to-end figure.
+//!
 //! Losses alone would hide a gradient summed instead of averaged: clipping and Adam's scale
 //! invariance make its updates nearly the same. The gradient norm shows it at once.
 
@@ -11,7 +13,67 @@ use burn_dist_models::processes::scratch_dir;
 
 mod common;
 
-use common::{assert_same_run, launched};
+use common::{Run, assert_same_run, launched};
+
+/// The number just before `unit` in `line`.
+fn number_before(line: &str, unit: &str) -> f64 {
+    let head = &line[..line
+        .find(unit)
+        .unwrap_or_else(|| panic!("no {unit:?} in {line:?}"))];
+    let number = head.trim_end().rsplit(' ').next().unwrap();
+    number
+        .parse()
+        .unwrap_or_else(|e| panic!("{number:?} in {line:?}: {e}"))
+}
+
+/// The throughput printed every step (`--log-every 1`) is the one in the metrics file (and so
+/// the plot), and both agree within 2 % with the end-to-end figure, the global batch's tokens
+/// times the steps over the training loop's wall time, which rank 0 prints at the end and which
+/// the last record's `elapsed_s` gives too.
+fn assert_throughput_is_end_to_end(run: &Run, tokens_per_step: f64, what: &str) {
+    let rank0 = run
+        .stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("[rank 0] "));
+    let printed: Vec<f64> = rank0
+        .clone()
+        .filter(|l| l.starts_with("step "))
+        .map(|l| number_before(l, " tok/s"))
+        .collect();
+    let recorded: Vec<f64> = run.steps.iter().map(|r| r.tokens_per_s).collect();
+    assert_eq!(
+        printed.len(),
+        recorded.len(),
+        "{what}: a line per step\n{}",
+        run.stdout
+    );
+    for (step, (p, r)) in printed.iter().zip(&recorded).enumerate() {
+        assert!(
+            (p - r).abs() <= 0.5,
+            "{what}: step {}: printed {p}, recorded {r}",
+            step + 1
+        );
+    }
+    let end_line = rank0
+        .clone()
+        .find(|l| l.starts_with("throughput: "))
+        .unwrap_or_else(|| panic!("{what}: no end-to-end line\n{}", run.stdout));
+    let end_to_end = number_before(end_line, " tokens/s end to end");
+    let steps = run.steps.len() as f64;
+    // What the plot shows over the run: every step's tokens over the sum of the steps' times.
+    let step_seconds: f64 = recorded.iter().map(|r| tokens_per_step / r).sum();
+    let plotted = steps * tokens_per_step / step_seconds;
+    let elapsed = run.steps.last().unwrap().elapsed_s;
+    let timed = steps * tokens_per_step / elapsed;
+    for (name, value) in [("plotted", plotted), ("from elapsed_s", timed)] {
+        let off = (value / end_to_end - 1.0).abs();
+        assert!(
+            off <= 0.02,
+            "{what}: {name} {value:.0} tokens/s vs {end_to_end:.0} end to end ({:.1} % off)",
+            100.0 * off
+        );
+    }
+}
 
 #[test]
 fn one_two_and_four_ranks_follow_the_same_loss_curve() {
@@ -31,7 +93,10 @@ fn one_two_and_four_ranks_follow_the_same_loss_curve() {
         reference.steps[4].loss < reference.steps[0].loss,
         "it learns"
     );
-    assert_same_run(&launched(&dir, 2, &[]), &reference, "2 ranks");
+    assert_throughput_is_end_to_end(&reference, 4.0 * 16.0, "1 rank");
+    let two = launched(&dir, 2, &[]);
+    assert_same_run(&two, &reference, "2 ranks");
+    assert_throughput_is_end_to_end(&two, 4.0 * 16.0, "2 ranks");
     assert_same_run(&launched(&dir, 4, &[]), &reference, "4 ranks");
     assert_same_run(
         &launched(&dir, 2, &["--accumulation", "2"]),

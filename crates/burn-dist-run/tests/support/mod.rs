@@ -53,12 +53,16 @@ pub struct Launch {
 }
 
 impl Launch {
-    /// `burn-dist-run ARGS...` with `env` added. BURN_DIST_TOKEN is removed from the inherited
-    /// environment first, so a token exported in the developer's shell cannot change a test; pass
-    /// it in `env` to set one.
+    /// `burn-dist-run ARGS...` with `env` added. BURN_DIST_TOKEN and the thread-count variables
+    /// (RAYON_NUM_THREADS, OMP_NUM_THREADS) are removed from the inherited environment first, so
+    /// that what is exported in the developer's shell cannot change a test; pass them in `env`
+    /// to set them.
     pub fn command(args: &[&str], env: &[(&str, &str)]) -> Command {
         let mut command = Command::new(LAUNCHER);
         command.args(args).env_remove("BURN_DIST_TOKEN");
+        for var in ["RAYON_NUM_THREADS", "OMP_NUM_THREADS"] {
+            command.env_remove(var);
+        }
         for (name, value) in env {
             command.env(name, value);
         }

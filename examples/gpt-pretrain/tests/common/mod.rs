@@ -102,10 +102,11 @@ pub const RUN: &[&str] = &[
     "--no-plot",
 ];
 
-/// A run's metrics, step by step, and its final parameters.
+/// A run's metrics, step by step, its final parameters, and what rank 0 printed.
 pub struct Run {
     pub steps: Vec<StepRecord>,
     pub params: Vec<Vec<f32>>,
+    pub stdout: String,
 }
 
 pub fn launched(dir: &Path, world: usize, extra: &[&str]) -> Run {
@@ -142,6 +143,7 @@ pub fn launched(dir: &Path, world: usize, extra: &[&str]) -> Run {
     Run {
         steps: metrics::read(&metrics).unwrap(),
         params: read_params(&params).unwrap(),
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
     }
 }
 
