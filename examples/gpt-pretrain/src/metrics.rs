@@ -56,6 +56,14 @@ pub struct StepRecord {
     pub rss_mib: Vec<f64>,
     /// Seconds since the start of this process's training loop.
     pub elapsed_s: f64,
+    /// Bytes rank 0's reducer moved from the backend's memory to the host in this step; on the
+    /// device path also ZeroAdam's (they share one counter): 0 gradient bytes with NCCL, only
+    /// the step's scalars (`ReducerStats::bytes_to_host`).
+    #[serde(default)]
+    pub bytes_to_host: u64,
+    /// The same from the host into the backend's memory (`ReducerStats::bytes_to_device`).
+    #[serde(default)]
+    pub bytes_to_device: u64,
 }
 
 /// Tokens per second of wall time: over one iteration, over a log interval and over the whole
@@ -209,6 +217,8 @@ mod tests {
             mfu: None,
             rss_mib: vec![10.0, 11.0],
             elapsed_s: 1.0,
+            bytes_to_host: 4096,
+            bytes_to_device: 4144,
         };
         let mut w = MetricsWriter::open(&path, false).unwrap();
         for step in 1..=3 {

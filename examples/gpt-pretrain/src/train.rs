@@ -284,8 +284,10 @@ impl<'a, B: AutodiffBackend> Trainer<'a, B> {
             ));
         }
         let mut clock = LoopClock::start();
+        let mut moved = self.ddp.stats();
         for done in self.start + 1..=steps {
             let (loss, lr, grad_norm, skipped, loss_scale) = self.step(done - 1)?;
+            let before = std::mem::replace(&mut moved, self.ddp.stats());
             let last = done == steps;
             let evaluates =
                 last || (args.eval_every > 0 && done.is_multiple_of(args.eval_every as u64));
@@ -318,6 +320,8 @@ impl<'a, B: AutodiffBackend> Trainer<'a, B> {
                 mfu: mfu(rate.tokens_per_s),
                 rss_mib,
                 elapsed_s: rate.elapsed_s,
+                bytes_to_host: moved.bytes_to_host - before.bytes_to_host,
+                bytes_to_device: moved.bytes_to_device - before.bytes_to_device,
             };
             if let Some(metrics) = &mut self.metrics {
                 metrics.write(&record)?;

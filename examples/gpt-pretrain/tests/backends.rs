@@ -112,3 +112,37 @@ fn a_wgpu_checkpoint_resumes_resharded_on_wgpu_and_on_flex() {
         common::assert_same_model(&resumed.params, &straight.params, PARAM_TOLERANCE, &what);
     }
 }
+
+/// The metrics file records the bytes each step moved between host and device. On the host path
+/// (Flex) the reducer reads every f32 gradient and writes its mean back: the model's gradient
+/// bytes each way. On the device path (wgpu, staged collectives, ZeroAdam stage 1) the same
+/// gradients are staged through the host, plus ZeroAdam's scalars (8 bytes down, 48 up) and the
+/// parameter all-gather's chunks (this rank's shard down, the other ranks' up): nothing else.
+#[test]
+fn the_metrics_count_the_bytes_between_host_and_device_per_step() {
+    burn_dist_kernels::testing::wgpu_client();
+    let dir = scratch_dir("gpt-backends-bytes");
+    let numels = common::tiny_numels();
+    let gradient = 4 * numels.iter().sum::<usize>() as u64;
+    let world = 2;
+    let shard = 4 * burn_dist::FlatLayout::new(&numels, world, 4).shard_len as u64;
+    let flex = launched(&dir, world, &["--backend", "flex"]);
+    let wgpu = launched(&dir, world, &["--backend", "wgpu"]);
+    for (f, w) in flex.steps.iter().zip(&wgpu.steps) {
+        assert_eq!(
+            (f.bytes_to_host, f.bytes_to_device),
+            (gradient, gradient),
+            "flex, step {}",
+            f.step
+        );
+        assert_eq!(
+            (w.bytes_to_host, w.bytes_to_device),
+            (
+                gradient + 8 + shard,
+                gradient + 48 + (world as u64 - 1) * shard
+            ),
+            "wgpu, step {}",
+            w.step
+        );
+    }
+}

@@ -23,6 +23,18 @@ const D_MODEL: usize = 64;
 /// depends on the reduction order (a fresh 1-rank run differs from a 2-rank one there). That
 /// third is only held to stay noise: its difference within 1e-3 of the whole bias's norm. The
 /// query and value thirds get `tolerance` of their own norms, like every other tensor.
+/// The element counts of the tests' model's parameters, in visit order.
+pub fn tiny_numels() -> Vec<usize> {
+    let mut config = gpt_pretrain::model::GptConfig::tiny(64);
+    config.context = 16;
+    let model = config.init::<Flex>(0, &FlexDevice);
+    burn_dist::Survey::of::<Flex, _>(&model)
+        .floats
+        .iter()
+        .map(|p| p.numel())
+        .collect()
+}
+
 pub fn assert_same_model(got: &[Vec<f32>], reference: &[Vec<f32>], tolerance: f64, what: &str) {
     assert_same_model_with_noise(got, reference, tolerance, Some(1e-3), what);
 }
