@@ -122,6 +122,16 @@ impl HostBuffer {
         }
     }
 
+    /// The elements converted to f32 (bytes as their values).
+    pub fn to_f32_vec(&self) -> Vec<f32> {
+        match self {
+            HostBuffer::F32(v) => v.clone(),
+            HostBuffer::F16(v) => v.iter().map(|x| x.to_f32()).collect(),
+            HostBuffer::BF16(v) => v.iter().map(|x| x.to_f32()).collect(),
+            HostBuffer::U8(v) => v.iter().map(|&x| f32::from(x)).collect(),
+        }
+    }
+
     /// The elements `range` as a new buffer of the same type.
     pub fn slice(&self, range: std::ops::Range<usize>) -> HostBuffer {
         match self {

@@ -31,15 +31,6 @@ pub fn rank_data(dtype: DType, len: usize, seed: u64, rank: usize) -> HostBuffer
     }
 }
 
-fn as_f32(buf: &HostBuffer) -> Vec<f32> {
-    match buf {
-        HostBuffer::F32(v) => v.clone(),
-        HostBuffer::F16(v) => v.iter().map(|x| x.to_f32()).collect(),
-        HostBuffer::BF16(v) => v.iter().map(|x| x.to_f32()).collect(),
-        HostBuffer::U8(v) => v.iter().map(|&x| f32::from(x)).collect(),
-    }
-}
-
 fn from_f32(dtype: DType, values: &[f32]) -> HostBuffer {
     match dtype {
         DType::F32 => HostBuffer::F32(values.to_vec()),
@@ -52,7 +43,7 @@ fn from_f32(dtype: DType, values: &[f32]) -> HostBuffer {
 /// The reduction of `inputs` (index = rank), element by element: convert to f32, fold over
 /// ranks 0, 1, 2, … in order, divide by the rank count for `Avg`, round once.
 pub fn reference_reduce(inputs: &[HostBuffer], op: ReduceOp) -> HostBuffer {
-    let values: Vec<Vec<f32>> = inputs.iter().map(as_f32).collect();
+    let values: Vec<Vec<f32>> = inputs.iter().map(HostBuffer::to_f32_vec).collect();
     let out: Vec<f32> = (0..values[0].len())
         .map(|i| {
             let mut acc = values[0][i];

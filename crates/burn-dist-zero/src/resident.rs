@@ -86,15 +86,15 @@ impl<B: CubeResident> Resident<B> {
         let device = B::cube_device(device);
         let client = B::Runtime::client(&device);
         let fused = FusedAdam::new(client.clone());
-        let (model_dtype, flat_dtype) = match dtype {
-            DType::F32 | DType::Flex32 => (ModelDtype::F32, DeviceDType::F32),
-            DType::F16 => (ModelDtype::F16, DeviceDType::F16),
-            DType::BF16 => (ModelDtype::Bf16, DeviceDType::BF16),
-            other => {
-                return Err(ZeroError::Usage(format!(
-                    "the device step writes f32, f16 or bf16 parameters; the model's are {other:?}"
-                )));
-            }
+        let flat_dtype = burn_dist::device_dtype(dtype).ok_or_else(|| {
+            ZeroError::Usage(format!(
+                "the device step writes f32, f16 or bf16 parameters; the model's are {dtype:?}"
+            ))
+        })?;
+        let model_dtype = match flat_dtype {
+            DeviceDType::F32 => ModelDtype::F32,
+            DeviceDType::F16 => ModelDtype::F16,
+            DeviceDType::BF16 => ModelDtype::Bf16,
         };
         if !fused.supports(model_dtype) {
             return Err(ZeroError::Usage(format!(
@@ -269,14 +269,11 @@ impl<B: CubeResident> ResidentState for Resident<B> {
 }
 
 fn device_dtype(dtype: DType) -> Result<DeviceDType> {
-    match dtype {
-        DType::F32 | DType::Flex32 => Ok(DeviceDType::F32),
-        DType::F16 => Ok(DeviceDType::F16),
-        DType::BF16 => Ok(DeviceDType::BF16),
-        other => Err(ZeroError::Usage(format!(
-            "the device step reads f32, f16 or bf16 gradients; one is {other:?}"
-        ))),
-    }
+    burn_dist::device_dtype(dtype).ok_or_else(|| {
+        ZeroError::Usage(format!(
+            "the device step reads f32, f16 or bf16 gradients; one is {dtype:?}"
+        ))
+    })
 }
 
 /// Stage 1: copies, for every piece of this rank's shard, the parameter's gradient piece into

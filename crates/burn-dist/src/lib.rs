@@ -81,7 +81,7 @@ pub use burn_dist_device::{DeviceCollectives, StagedCollectives, Traffic, Traffi
 #[cfg(feature = "cuda")]
 pub use cuda::{CUDA_ROW_ALIGNMENT, cuda_pads_rows};
 #[cfg(feature = "device")]
-pub use device::CubeResident;
-#[cfg(feature = "device")]
 #[doc(hidden)]
 pub use device::contiguous_copy;
+#[cfg(feature = "device")]
+pub use device::{CubeResident, device_dtype};

@@ -139,7 +139,7 @@ impl ShardedGradients {
 }
 
 /// How many elements of the flat range `range` each rank's shard holds.
-fn owner_counts(flat: &FlatLayout, range: std::ops::Range<usize>) -> Vec<usize> {
+pub(crate) fn owner_counts(flat: &FlatLayout, range: std::ops::Range<usize>) -> Vec<usize> {
     (0..flat.world)
         .map(|q| flat.in_shard(range.clone(), q).len())
         .collect()

@@ -11,4 +11,18 @@ pub use copy::contiguous_copy;
 #[cfg(all(test, feature = "cuda"))]
 pub(crate) use copy::{CopyReason, copy_reason};
 pub use resident::CubeResident;
+
+use burn::tensor::DType;
+use burn_dist_device::DeviceDType;
+
+/// The device collectives' element type of a Burn float dtype; `None` for the others (f64):
+/// the device path moves and reduces f32, f16 and bf16.
+pub fn device_dtype(dtype: DType) -> Option<DeviceDType> {
+    match dtype {
+        DType::F32 | DType::Flex32 => Some(DeviceDType::F32),
+        DType::F16 => Some(DeviceDType::F16),
+        DType::BF16 => Some(DeviceDType::BF16),
+        _ => None,
+    }
+}
 pub(crate) use store::{DeviceBuckets, DeviceStore};

@@ -31,6 +31,7 @@ use super::resident::CubeResident;
 use crate::bucket::Bucket;
 use crate::error::DistError;
 use crate::flat::FlatLayout;
+use crate::sharded::owner_counts;
 
 /// burn-cubecl's operations on the cubecl tensors the store holds (which float type the
 /// backend is instantiated with does not matter to them: each tensor carries its dtype).
@@ -246,7 +247,9 @@ impl<B: CubeResident> DeviceBuckets for DeviceStore<B> {
                         None => groups.push((slice.dtype, vec![slice])),
                     },
                     Some(flat) => {
-                        let counts = owned_counts(flat, p);
+                        // The shards are consecutive ranges: the pieces follow each other in
+                        // rank order, as the reduce-scatter's chunks do.
+                        let counts = owner_counts(flat, flat.param_range(p));
                         pending.push(self.collectives.reduce_scatter(
                             &slice,
                             &counts,
@@ -353,7 +356,7 @@ impl<B: CubeResident> DeviceBuckets for DeviceStore<B> {
             self.collectives.traffic(),
             rank,
         )?;
-        Ok(to_f32(&values))
+        Ok(values.to_f32_vec())
     }
 
     fn add_to_shard_start(&mut self, value: f32) -> bool {
@@ -418,27 +421,12 @@ fn slice(range: Range<usize>) -> Slice {
 
 /// The device collectives' element type for a gradient of `dtype`.
 fn device_dtype(dtype: DType, p: usize) -> Result<DeviceDType, DistError> {
-    Ok(match dtype {
-        DType::F32 | DType::Flex32 => DeviceDType::F32,
-        DType::F16 => DeviceDType::F16,
-        DType::BF16 => DeviceDType::BF16,
-        other => {
-            return Err(DistError::Usage(format!(
-                "parameter #{p}: the device reducer reduces f32, f16 and bf16 gradients; this \
-                 one is {other:?}"
-            )));
-        }
+    super::device_dtype(dtype).ok_or_else(|| {
+        DistError::Usage(format!(
+            "parameter #{p}: the device reducer reduces f32, f16 and bf16 gradients; this one is \
+             {dtype:?}"
+        ))
     })
-}
-
-fn to_f32(values: &burn_dist_comm::HostBuffer) -> Vec<f32> {
-    use burn_dist_comm::HostBuffer;
-    match values {
-        HostBuffer::F32(v) => v.clone(),
-        HostBuffer::F16(v) => v.iter().map(|x| x.to_f32()).collect(),
-        HostBuffer::BF16(v) => v.iter().map(|x| x.to_f32()).collect(),
-        HostBuffer::U8(v) => v.iter().map(|&x| f32::from(x)).collect(),
-    }
 }
 
 /// Each rank's piece of parameter `p` in the flat layout: (owner, elements of `p`), non-empty
@@ -452,16 +440,6 @@ pub(crate) fn owned_pieces(
         let r = flat.in_shard(flat.param_range(p), q);
         (!r.is_empty()).then(|| (q, r.start - offset..r.end - offset))
     })
-}
-
-/// Per rank, how many of `p`'s elements it owns: the counts of `p`'s reduce-scatter (the
-/// shards are consecutive ranges, so the pieces follow each other in rank order).
-fn owned_counts(flat: &FlatLayout, p: usize) -> Vec<usize> {
-    let mut counts = vec![0; flat.world];
-    for (q, within) in owned_pieces(flat, p) {
-        counts[q] = within.len();
-    }
-    counts
 }
 
 #[cfg(test)]
