@@ -87,13 +87,20 @@ fn share_lines(launch: &Launch) -> Vec<&str> {
         .collect()
 }
 
-#[test]
-fn each_rank_gets_its_share_of_the_cores_and_the_launcher_says_so_once() {
+/// A job of 2 ranks on this host, each printing its RAYON_NUM_THREADS and OMP_NUM_THREADS,
+/// launched with `env` added, run to a successful end.
+fn two_ranks_print_their_thread_counts(env: &[(&str, &str)]) -> Launch {
     let script = "echo $RAYON_NUM_THREADS $OMP_NUM_THREADS";
     let options = ["--nproc-per-node", "2", "--master-port", "0"];
-    let mut launch = Launch::spawn(&sh(&options, script), &[]);
+    let mut launch = Launch::spawn(&sh(&options, script), env);
     let status = launch.wait_exit(within(30));
     assert!(status.success(), "{status}\n{}", launch.transcript());
+    launch
+}
+
+#[test]
+fn each_rank_gets_its_share_of_the_cores_and_the_launcher_says_so_once() {
+    let launch = two_ranks_print_their_thread_counts(&[]);
     let share = expected_share(2);
     for rank in 0..2 {
         assert_eq!(
@@ -118,11 +125,7 @@ fn each_rank_gets_its_share_of_the_cores_and_the_launcher_says_so_once() {
 
 #[test]
 fn thread_counts_the_user_set_win_over_the_share() {
-    let script = "echo $RAYON_NUM_THREADS $OMP_NUM_THREADS";
-    let options = ["--nproc-per-node", "2", "--master-port", "0"];
-    let mut launch = Launch::spawn(&sh(&options, script), &[("RAYON_NUM_THREADS", "3")]);
-    let status = launch.wait_exit(within(30));
-    assert!(status.success(), "{status}\n{}", launch.transcript());
+    let launch = two_ranks_print_their_thread_counts(&[("RAYON_NUM_THREADS", "3")]);
     let share = expected_share(2);
     for rank in 0..2 {
         assert_eq!(
