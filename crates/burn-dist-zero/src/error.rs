@@ -16,6 +16,17 @@ pub enum ZeroError {
     /// `ZeroAdamConfig::host_threads` could not give a thread pool.
     #[error("ZeroAdamConfig::host_threads = Some({threads}): no thread pool ({reason})")]
     HostThreads { threads: usize, reason: String },
+    /// An optimizer record (`ZeroAdamRecord`) of another model: other parameter counts.
+    #[error(
+        "the ZeroAdam record is of another model: it has {got} parameters with {got_elements} \
+         elements, this model {expected} with {expected_elements}"
+    )]
+    RecordMismatch {
+        expected: usize,
+        expected_elements: usize,
+        got: usize,
+        got_elements: usize,
+    },
     #[error("{0}")]
     Usage(String),
 }

@@ -9,6 +9,7 @@ mod config;
 mod error;
 #[cfg(feature = "device")]
 mod resident;
+mod shard;
 mod zero_adam;
 
 /// The flat layout lives in burn-dist: its reducer cuts ZeRO-2 buckets at the same shard
@@ -17,4 +18,5 @@ pub use burn_dist::flat::{self, FlatLayout, Piece};
 pub use checkpoint::{CheckpointError, TrainingState};
 pub use config::ZeroAdamConfig;
 pub use error::{Result, ZeroError};
-pub use zero_adam::{OptimizerShard, StepReport, ZeroAdam};
+pub use shard::{OptimizerShard, StepReport};
+pub use zero_adam::{ZeroAdam, ZeroAdamRecord};

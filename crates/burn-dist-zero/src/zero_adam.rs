@@ -1,82 +1,68 @@
-//! `ZeroAdam`: Adam(W) whose fp32 master weights and moments are sharded across ranks.
+//! `ZeroAdam`: Adam(W) whose fp32 master weights and moments are sharded across ranks, as a
+//! Burn optimizer.
 //!
-//! One step, as llm.c's ZeRO-1 path reads:
-//! 1. take this rank's shard of the (already averaged) gradient: from Burn's gradients at
-//!    stage 1 (the reducer all-reduced them in full), from the reducer at stage 2 (it reduced
-//!    each bucket straight to the owners, so no rank ever held the full reduced gradient);
-//! 2. unscale it and check it; agree with every rank on "found inf" and the global norm
-//!    (one tiny all-gather, norms summed in f64 in rank order);
-//! 3. update the shard's master weights and moments with clipped AdamW (skipped everywhere if
-//!    any rank found inf/NaN);
-//! 4. all-gather the updated master shards and write them into the model's tensors.
+//! Two ways to drive it, one step underneath (`crate::shard`):
+//! - Burn's [`Optimizer`] trait, like `AdamConfig::new().init()`: burn-train's `Learner` and any
+//!   loop written against the trait. Its record is the whole state, gathered from every rank
+//!   ([`ZeroAdamRecord`]), so Burn's recorders save it and it loads at any world size.
+//! - [`ZeroAdam::step`] and [`ZeroAdam::step_scaled`], which return errors as values and a
+//!   [`StepReport`], and burn-dist-zero's sharded checkpoints ([`crate::checkpoint`]), where
+//!   each rank writes only its shard.
 //!
-//! Each rank keeps `3 × shard_len` floats of state instead of `3 × total`.
+//! A `ZeroAdam` is a handle: clones share the one state of this rank (Burn's trait asks for
+//! `Clone`; burn-train clones the optimizer only to replace it with a loaded one).
 
-use std::ops::Range;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
-use burn::module::{AutodiffModule, ModuleMapper, ModuleVisitor, Param};
-use burn::optim::GradientsParams;
-use burn::tensor::backend::AutodiffBackend;
-use burn::tensor::{Tensor, TensorData};
-use burn_dist::{Ddp, GradScaler, ParamInfo};
-use burn_dist_comm::{Communicator, HostBuffer, HostCommunicator};
-#[cfg(feature = "device")]
-use burn_dist_kernels::Hyper;
-use burn_dist_kernels::{ModelCopy, StepScalars, clip_factor, host};
+use burn::module::AutodiffModule;
+use burn::optim::{GradientsParams, MultiGradientsParams, Optimizer};
+use burn::record::{PrecisionSettings, Record};
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn_dist::{Ddp, DistError, GradScaler, SyncCheck};
+use burn_dist_comm::{Communicator, HostBuffer};
+use serde::{Deserialize, Serialize};
 
 use crate::config::ZeroAdamConfig;
 use crate::error::{Result, ZeroError};
-use crate::flat::{FlatLayout, Piece};
-#[cfg(feature = "device")]
-use crate::resident::{Resident, ResidentState};
+use crate::flat::FlatLayout;
+use crate::shard::{OptimizerShard, Shard, StepReport};
 
 /// Adam(W) with sharded state. Build it with [`ZeroAdamConfig::init`].
+#[derive(Clone)]
 pub struct ZeroAdam {
-    config: ZeroAdamConfig,
-    comm: Arc<HostCommunicator>,
-    params: Vec<ParamInfo>,
-    layout: FlatLayout,
-    pieces: Vec<Piece>,
-    master: Vec<f32>,
-    m: Vec<f32>,
-    v: Vec<f32>,
-    /// Adam's step count per parameter of this shard (Burn counts per parameter: a parameter
-    /// without a gradient in a step does not advance).
-    time: Vec<u32>,
-    /// Steps skipped because some rank found inf/NaN.
-    skipped: u64,
-    /// When set, master, m, v and the gradient shard live in the model's device memory (the
-    /// host vectors are empty) and the fused kernels update them (feature `device`).
-    #[cfg(feature = "device")]
-    device: Option<Box<dyn ResidentState>>,
-    /// The host step's own threads (`ZeroAdamConfig::host_threads`); `None`: rayon's global
-    /// pool.
-    host_pool: Option<rayon::ThreadPool>,
+    shard: Arc<Mutex<Shard>>,
+    layout: Arc<FlatLayout>,
+    /// The trait's steps check that backward synchronized their gradients.
+    check: SyncCheck,
 }
 
-/// One rank's optimizer state: its shard of the fp32 master weights and moments, and the
-/// per-parameter step counts (identical on every rank).
-#[derive(Debug, Clone, PartialEq)]
-pub struct OptimizerShard {
-    pub rank: usize,
-    pub layout: FlatLayout,
+/// ZeroAdam's whole state as a Burn record: every parameter's fp32 master weights and moments,
+/// concatenated in the reducer's parameter order (module visit order), gathered from every
+/// rank. The shard layout is not in it, so it loads at any world size. Its floats are stored
+/// as they are, f32, whatever the recorder's precision settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ZeroAdamRecord {
     pub master: Vec<f32>,
     pub m: Vec<f32>,
     pub v: Vec<f32>,
+    /// Elements of each parameter, to refuse a record of another model.
+    pub numels: Vec<u64>,
+    /// Adam's step count per parameter.
     pub time: Vec<u32>,
+    /// Steps skipped because a gradient was not finite.
     pub skipped: u64,
 }
 
-/// What a step did.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct StepReport {
-    /// Global L2 norm of the gradient before clipping.
-    pub grad_norm: f64,
-    /// The factor the gradient was multiplied by (1 when not clipped).
-    pub clip: f32,
-    /// Whether the step was skipped because some rank's gradient had inf or NaN.
-    pub skipped: bool,
+impl<B: Backend> Record<B> for ZeroAdamRecord {
+    type Item<S: PrecisionSettings> = ZeroAdamRecord;
+
+    fn into_item<S: PrecisionSettings>(self) -> Self::Item<S> {
+        self
+    }
+
+    fn from_item<S: PrecisionSettings>(item: Self::Item<S>, _device: &B::Device) -> Self {
+        item
+    }
 }
 
 impl ZeroAdam {
@@ -85,52 +71,18 @@ impl ZeroAdam {
         ddp: &Ddp,
         model: &M,
     ) -> Result<Self> {
-        let params = ddp.params().to_vec();
-        if params.is_empty() {
-            return Err(ZeroError::Usage(
-                "call `Ddp::prepare(model)` before building ZeroAdam".into(),
-            ));
-        }
-        if !(1..=2).contains(&config.stage) {
-            return Err(ZeroError::Usage(format!(
-                "ZeRO stage {} is not supported: use 1 (sharded optimizer state) or 2 (sharded \
-                 optimizer state and gradients)",
-                config.stage
-            )));
-        }
-        let numels: Vec<usize> = params.iter().map(ParamInfo::numel).collect();
-        let layout = FlatLayout::new(&numels, ddp.world_size(), config.align);
-        if config.stage == 2 {
-            ddp.shard_gradients(layout.clone())?;
-        }
-        let pieces = layout.pieces(ddp.rank());
-        let mut master = vec![0.0; layout.shard_len];
-        let mut read = ReadShard::<B> {
-            params: &params,
-            pieces: &pieces,
-            grads: None,
-            out: &mut master,
-            present: Vec::new(),
-            has_grad: vec![false; params.len()],
-            _b: Default::default(),
-        };
-        model.visit(&mut read);
-        let host_pool = config.host_threads.map(host_pool).transpose()?;
+        let shard = Shard::new::<B, M>(config, ddp, model)?;
         Ok(ZeroAdam {
-            comm: ddp.comm(),
-            time: vec![0; params.len()],
-            m: vec![0.0; layout.shard_len],
-            v: vec![0.0; layout.shard_len],
-            master,
-            params,
-            layout,
-            pieces,
-            config,
-            skipped: 0,
-            #[cfg(feature = "device")]
-            device: None,
-            host_pool,
+            layout: Arc::new(shard.layout.clone()),
+            shard: Arc::new(Mutex::new(shard)),
+            check: SyncCheck::new(ddp.sync_handle()),
         })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Shard> {
+        // A panic inside a step leaves no half-written state that a later call could read
+        // silently: the panic itself ends the rank.
+        self.shard.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The flat layout and this rank's shard of it.
@@ -141,11 +93,7 @@ impl ZeroAdam {
     /// Optimizer-state floats this rank holds (master weights, first and second moments), on
     /// the host or on the device.
     pub fn state_len(&self) -> usize {
-        #[cfg(feature = "device")]
-        if self.device.is_some() {
-            return 3 * self.layout.shard_len;
-        }
-        self.master.len() + self.m.len() + self.v.len()
+        self.lock().state_len()
     }
 
     /// Moves the optimizer state into the device memory of the model's backend `D` (a
@@ -159,39 +107,11 @@ impl ZeroAdam {
     /// the whole shard, Burn per parameter), and all parameters must share one dtype.
     #[cfg(feature = "device")]
     pub fn on_device<D: burn_dist::CubeResident>(
-        mut self,
+        self,
         ddp: &Ddp,
         device: &D::Device,
     ) -> Result<Self> {
-        let collectives = ddp.device_collectives::<D::Runtime>().ok_or_else(|| {
-            ZeroError::Usage(format!(
-                "ZeroAdam's device state needs the `Ddp` on the device path of the same runtime \
-                 (`Ddp::init_staged::<B>` or `Ddp::init_nccl::<B>` with B = {})",
-                std::any::type_name::<D>()
-            ))
-        })?;
-        let dtype = self.params[0].dtype;
-        if let Some(other) = self.params.iter().find(|p| p.dtype != dtype) {
-            return Err(ZeroError::Usage(format!(
-                "the device step writes one dtype for the whole model, but {} is {:?} and {} is \
-                 {:?}",
-                self.params[0].name, dtype, other.name, other.dtype
-            )));
-        }
-        let steps = self.uniform_step_count(&self.time)?;
-        let resident = Resident::<D>::new(
-            collectives,
-            device,
-            self.layout.clone(),
-            dtype,
-            &self.master,
-            &self.m,
-            &self.v,
-            steps,
-        )?;
-        tracing::info!(device = %resident.name(), "ZeroAdam state moved to the device");
-        self.device = Some(Box::new(resident));
-        (self.master, self.m, self.v) = (Vec::new(), Vec::new(), Vec::new());
+        self.lock().on_device::<D>(ddp, device)?;
         Ok(self)
     }
 
@@ -199,81 +119,23 @@ impl ZeroAdam {
     /// device so far (they share one counter); `None` on the host path.
     #[cfg(feature = "device")]
     pub fn traffic(&self) -> Option<burn_dist::Traffic> {
-        self.device.as_ref().map(|device| device.traffic())
+        self.lock().traffic()
     }
 
-    #[cfg(feature = "device")]
-    /// The step count every parameter shares in `time` (per parameter), as the device's single
-    /// counter needs.
-    fn uniform_step_count(&self, time: &[u32]) -> Result<u32> {
-        let first = time.first().copied().unwrap_or(0);
-        match time.iter().position(|&t| t != first) {
-            None => Ok(first),
-            Some(i) => Err(ZeroError::Usage(format!(
-                "the fused device step keeps one count for all parameters' steps, but {} has \
-                 taken {} steps and {} has taken {first} (use the host path)",
-                self.params[i].name, time[i], self.params[0].name
-            ))),
-        }
-    }
-
-    /// This rank's optimizer state, for checkpoints.
+    /// This rank's optimizer state, for burn-dist-zero's sharded checkpoints.
     pub fn export(&self) -> OptimizerShard {
-        #[cfg(feature = "device")]
-        let [master, m, v] = match &self.device {
-            Some(device) => device.state(),
-            None => [self.master.clone(), self.m.clone(), self.v.clone()],
-        };
-        #[cfg(not(feature = "device"))]
-        let [master, m, v] = [self.master.clone(), self.m.clone(), self.v.clone()];
-        OptimizerShard {
-            rank: self.comm.rank(),
-            layout: self.layout.clone(),
-            master,
-            m,
-            v,
-            time: self.time.clone(),
-            skipped: self.skipped,
-        }
+        self.lock().export()
     }
 
     /// Replaces this rank's state with `shard`, which must have this rank's layout (resharding
     /// a checkpoint written at another world size happens before, in `checkpoint`).
     pub fn import(&mut self, shard: OptimizerShard) -> Result<()> {
-        if shard.layout != self.layout || shard.rank != self.comm.rank() {
-            return Err(ZeroError::Usage(format!(
-                "optimizer shard of rank {} ({} elements per shard over {} ranks) does not fit rank {} \
-                 ({} per shard over {})",
-                shard.rank,
-                shard.layout.shard_len,
-                shard.layout.world,
-                self.comm.rank(),
-                self.layout.shard_len,
-                self.layout.world
-            )));
-        }
-        #[cfg(feature = "device")]
-        if self.device.is_some() {
-            // Checked before anything changes.
-            let steps = self.uniform_step_count(&shard.time)?;
-            if let Some(device) = self.device.as_mut() {
-                device.load(&shard.master, &shard.m, &shard.v, steps);
-            }
-            self.time = shard.time;
-            self.skipped = shard.skipped;
-            return Ok(());
-        }
-        self.time = shard.time;
-        self.master = shard.master;
-        self.m = shard.m;
-        self.v = shard.v;
-        self.skipped = shard.skipped;
-        Ok(())
+        self.lock().import(shard)
     }
 
     /// Steps skipped so far because a gradient was not finite.
     pub fn skipped_steps(&self) -> u64 {
-        self.skipped
+        self.lock().skipped_steps()
     }
 
     /// One optimizer step with learning rate `lr` on gradients averaged over ranks: `grads` as
@@ -286,7 +148,8 @@ impl ZeroAdam {
         grads: GradientsParams,
         ddp: &Ddp,
     ) -> Result<(M, StepReport)> {
-        self.step_unscaled::<B, M>(lr, model, grads, ddp, 1.0)
+        self.lock()
+            .step::<B, M>(lr, model, grads, &ddp.sync_handle(), 1.0)
     }
 
     /// One step on gradients of a loss scaled by `scaler`: unscaled inside the fused pass,
@@ -301,340 +164,115 @@ impl ZeroAdam {
         ddp: &Ddp,
         scaler: &mut GradScaler,
     ) -> Result<(M, StepReport)> {
-        let stepped = self.step_unscaled::<B, M>(lr, model, grads, ddp, 1.0 / scaler.scale())?;
+        let inv_scale = 1.0 / scaler.scale();
+        let stepped = self
+            .lock()
+            .step::<B, M>(lr, model, grads, &ddp.sync_handle(), inv_scale)?;
         scaler.update(stepped.1.skipped);
         Ok(stepped)
     }
 
-    fn step_unscaled<B: AutodiffBackend, M: AutodiffModule<B>>(
-        &mut self,
-        lr: f64,
-        model: M,
-        grads: GradientsParams,
-        ddp: &Ddp,
-        inv_scale: f32,
-    ) -> Result<(M, StepReport)> {
-        #[cfg(feature = "device")]
-        if self.device.is_some() {
-            return self.step_on_device::<B, M>(lr, model, grads, ddp, inv_scale);
-        }
-        // 1. This rank's shard of the gradient.
-        let (mut grad, present, has_grad) = if self.config.stage == 2 {
-            let shard = ddp.take_gradient_shard()?;
-            let present = self.pieces.iter().map(|p| shard.used[p.param]).collect();
-            (shard.values, present, shard.used)
-        } else {
-            let mut grad = vec![0.0f32; self.layout.shard_len];
-            let mut read = ReadShard::<B> {
-                params: &self.params,
-                pieces: &self.pieces,
-                grads: Some(&grads),
-                out: &mut grad,
-                present: Vec::new(),
-                has_grad: vec![false; self.params.len()],
-                _b: Default::default(),
+    /// Every parameter's state, gathered from every rank: master weights, moments (each
+    /// `layout.total` floats, in flat order), step counts and skips.
+    fn gather(&self) -> Result<([Vec<f32>; 3], OptimizerShard)> {
+        let shard = self.export();
+        let comm = self.check.handle().comm();
+        let pending: Vec<_> = [&shard.master, &shard.m, &shard.v]
+            .into_iter()
+            .map(|part| comm.all_gather(HostBuffer::F32(part.clone()), self.layout.padded_len()))
+            .collect();
+        let mut gathered = Vec::with_capacity(3);
+        for pending in pending {
+            let HostBuffer::F32(mut values) = pending.wait()? else {
+                unreachable!("f32 all-gather")
             };
-            model.visit(&mut read);
-            let (present, has_grad) = (read.present, read.has_grad);
-            (grad, present, has_grad)
-        };
+            values.truncate(self.layout.total);
+            gathered.push(values);
+        }
+        let [master, m, v]: [Vec<f32>; 3] = gathered.try_into().expect("three parts");
+        Ok(([master, m, v], shard))
+    }
 
-        // 2. Agree on found-inf and the global norm.
-        let (found_inf, sum_sq) = on_threads(self.host_pool.as_ref(), || {
-            host::unscale_and_check(&mut grad, inv_scale)
-        });
-        let (report, _) = self.conclude(found_inf, sum_sq, &has_grad)?;
-        let (found_inf, clip) = (report.skipped, report.clip);
-
-        // 3. Clipped Adam(W) on the shard, parameter by parameter (Burn keeps a step count per
-        //    parameter, and a parameter without a gradient is left alone).
-        let scalars = |step| self.config.scalars(lr, step);
-        if !found_inf {
-            let (master, m, v) = (&mut self.master, &mut self.m, &mut self.v);
-            on_threads(self.host_pool.as_ref(), || {
-                for (r, step) in update_runs(&self.pieces, &present, &self.time) {
-                    host::adam_update(
-                        &mut master[r.clone()],
-                        &mut m[r.clone()],
-                        &mut v[r.clone()],
-                        &grad[r],
-                        clip,
-                        false,
-                        &scalars(step),
-                        ModelCopy::None,
-                    );
-                }
+    /// Loads the whole state of a record: this rank's shard of it.
+    fn load(&mut self, record: ZeroAdamRecord) -> Result<()> {
+        let layout = &self.layout;
+        let numels: Vec<usize> = record.numels.iter().map(|&n| n as usize).collect();
+        if numels != layout.numels {
+            return Err(ZeroError::RecordMismatch {
+                expected: layout.numels.len(),
+                expected_elements: layout.total,
+                got: numels.len(),
+                got_elements: numels.iter().sum(),
             });
         }
-
-        // 4. Everyone gets every updated shard.
-        let full = self
-            .comm
-            .all_gather(
-                HostBuffer::F32(self.master.clone()),
-                self.layout.padded_len(),
-            )
-            .wait()?;
-        let HostBuffer::F32(full) = full else {
-            unreachable!("f32 all-gather")
-        };
-        let model = model.map(&mut WriteParams::<B> {
-            params: &self.params,
-            layout: &self.layout,
-            flat: &full,
-            _b: Default::default(),
-        });
-        Ok((ddp.mark(model), report))
-    }
-
-    /// Agrees with every rank on found-inf and the global norm (from this shard's), counts the
-    /// step (per parameter that had a gradient) or the skip, and reports; also returns the
-    /// total sum of squares.
-    fn conclude(
-        &mut self,
-        found_inf: bool,
-        sum_sq: f64,
-        has_grad: &[bool],
-    ) -> Result<(StepReport, f64)> {
-        let (found_inf, total_sum_sq) = self.agree(found_inf, sum_sq)?;
-        let report = StepReport {
-            grad_norm: total_sum_sq.sqrt(),
-            clip: clip_factor(total_sum_sq, self.config.max_grad_norm),
-            skipped: found_inf,
-        };
-        if found_inf {
-            self.skipped += 1;
-        } else {
-            // Every rank counts every parameter's steps, so that any rank's checkpoint (and any
-            // resharding) knows them all.
-            for (time, &stepped) in self.time.iter_mut().zip(has_grad) {
-                *time += u32::from(stepped);
+        let rank = self.check.handle().rank();
+        let range = layout.shard(rank);
+        let slice = |full: &[f32]| -> Vec<f32> {
+            let mut shard = vec![0.0; layout.shard_len];
+            let end = range.end.min(layout.total);
+            if range.start < end {
+                shard[..end - range.start].copy_from_slice(&full[range.start..end]);
             }
-        }
-        Ok((report, total_sum_sq))
-    }
-
-    /// The step of [`ZeroAdam::on_device`]: the gradient shard, the update and the new
-    /// parameters stay in device memory.
-    #[cfg(feature = "device")]
-    fn step_on_device<B: AutodiffBackend, M: AutodiffModule<B>>(
-        &mut self,
-        lr: f64,
-        model: M,
-        grads: GradientsParams,
-        ddp: &Ddp,
-        inv_scale: f32,
-    ) -> Result<(M, StepReport)> {
-        let mut device = self.device.take().expect("called on the device path");
-        let stepped = self.device_step::<B, M>(&mut *device, lr, model, grads, ddp, inv_scale);
-        self.device = Some(device);
-        stepped
-    }
-
-    #[cfg(feature = "device")]
-    fn device_step<B: AutodiffBackend, M: AutodiffModule<B>>(
-        &mut self,
-        device: &mut dyn ResidentState,
-        lr: f64,
-        model: M,
-        grads: GradientsParams,
-        ddp: &Ddp,
-        inv_scale: f32,
-    ) -> Result<(M, StepReport)> {
-        // 1. This rank's shard of the gradient, on the device.
-        let has_grad = if self.config.stage == 2 {
-            let (shard, used) = ddp.take_device_gradient_shard()?;
-            device.gradient_shard(shard)?;
-            used
-        } else {
-            let mut gather = crate::resident::GatherShard::<B> {
-                params: &self.params,
-                pieces: &self.pieces,
-                grads: &grads,
-                device: &mut *device,
-                has_grad: vec![false; self.params.len()],
-                error: None,
-                _b: Default::default(),
-            };
-            model.visit(&mut gather);
-            if let Some(error) = gather.error {
-                return Err(error);
-            }
-            gather.has_grad
+            shard
         };
-        if let Some(p) = has_grad.iter().position(|&h| !h) {
-            return Err(ZeroError::Usage(format!(
-                "the fused device step needs a gradient for every parameter, and {} has none in \
-                 this step (no rank used it)",
-                self.params[p].name
-            )));
-        }
-        // 2. Agree on found-inf and the global norm (two scalars each way).
-        let (found_inf, sum_sq) = device.check(inv_scale)?;
-        let (report, total_sum_sq) = self.conclude(found_inf, sum_sq, &has_grad)?;
-        // 3. The kernels skip the update themselves when found-inf, and count the step.
-        let hyper = Hyper {
-            scalars: self.config.scalars(lr, 0),
-            max_norm: self.config.max_grad_norm,
+        let shard = OptimizerShard {
+            rank,
+            layout: (**layout).clone(),
+            master: slice(&record.master),
+            m: slice(&record.m),
+            v: slice(&record.v),
+            time: record.time,
+            skipped: record.skipped,
         };
-        device.update(report.skipped, total_sum_sq, hyper)?;
-        if report.skipped {
-            // Nothing changed, and the kernels wrote no model copy (before a first step that
-            // was not skipped there is none to gather).
-            return Ok((ddp.mark(model), report));
+        self.import(shard)
+    }
+}
+
+/// Burn's trait cannot return an error: fail with the whole message.
+fn or_panic<T>(result: Result<T>) -> T {
+    result.unwrap_or_else(|error| panic!("ZeroAdam: {error}"))
+}
+
+impl<M, B> Optimizer<M, B> for ZeroAdam
+where
+    M: AutodiffModule<B>,
+    B: AutodiffBackend,
+{
+    type Record = ZeroAdamRecord;
+
+    /// [`ZeroAdam::step`] on the gradients that backward averaged (or, at stage 2, the
+    /// reducer's shard of them), after checking that a synchronized backward produced them.
+    fn step(&mut self, lr: f64, module: M, grads: GradientsParams) -> M {
+        if let Err(error) = self.check.step() {
+            panic!("{error}");
         }
-        // 4. Every rank's new parameters, device to device, into the model.
-        device.gather()?;
-        let model = model.map(&mut crate::resident::WriteDeviceParams::<B> {
-            params: &self.params,
-            device: &*device,
-            _b: Default::default(),
-        });
-        Ok((ddp.mark(model), report))
+        let handle = self.check.handle().clone();
+        or_panic(self.lock().step::<B, M>(lr, module, grads, &handle, 1.0)).0
     }
 
-    /// Every rank's (found_inf, sum of squares), gathered and folded in rank order in f64, so
-    /// every rank reaches the same decision and the same clip factor.
-    fn agree(&self, found_inf: bool, sum_sq: f64) -> Result<(bool, f64)> {
-        let mut mine = sum_sq.to_le_bytes().to_vec();
-        mine.extend_from_slice(&[u8::from(found_inf), 0, 0, 0, 0, 0, 0, 0]);
-        let world = self.comm.world_size();
-        let all = self
-            .comm
-            .all_gather(HostBuffer::U8(mine), 16 * world)
-            .wait()?;
-        let mut total = 0.0f64;
-        let mut any_inf = false;
-        for rank in all.as_bytes().chunks_exact(16) {
-            total += f64::from_le_bytes(rank[..8].try_into().expect("8 bytes"));
-            any_inf |= rank[8] != 0;
-        }
-        Ok((any_inf || !total.is_finite(), total))
+    fn step_multi(&mut self, _lr: f64, _module: M, _grads: MultiGradientsParams) -> M {
+        panic!("{}", DistError::MultiDevice)
     }
-}
 
-/// The host step's thread pool of `threads` threads.
-fn host_pool(threads: usize) -> Result<rayon::ThreadPool> {
-    if threads == 0 {
-        return Err(ZeroError::HostThreads {
-            threads,
-            reason: "give at least 1, or None for rayon's global pool".into(),
-        });
-    }
-    rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
-        .thread_name(|i| format!("zero-adam-host-{i}"))
-        .build()
-        .map_err(|e| ZeroError::HostThreads {
-            threads,
-            reason: e.to_string(),
-        })
-}
-
-/// Runs `work` on `pool`, or on the current rayon pool (the global one) when `None`.
-fn on_threads<R: Send>(pool: Option<&rayon::ThreadPool>, work: impl FnOnce() -> R + Send) -> R {
-    match pool {
-        Some(pool) => pool.install(work),
-        None => work(),
-    }
-}
-
-/// The shard ranges the host step updates, each with its step count: the pieces that had a
-/// gradient (`present`, per piece), adjacent ones with the same step count merged, so that a
-/// model whose parameters all step together is one range (one parallel update of the whole
-/// shard, less its padding) instead of one per parameter.
-fn update_runs(pieces: &[Piece], present: &[bool], time: &[u32]) -> Vec<(Range<usize>, u32)> {
-    let mut runs: Vec<(Range<usize>, u32)> = Vec::new();
-    for (piece, _) in pieces.iter().zip(present).filter(|(_, present)| **present) {
-        let step = time[piece.param];
-        match runs.last_mut() {
-            Some((run, run_step)) if run.end == piece.in_shard.start && *run_step == step => {
-                run.end = piece.in_shard.end;
-            }
-            _ => runs.push((piece.in_shard.clone(), step)),
+    /// Gathers every rank's shard: a collective, so every rank must call it at the same point
+    /// (burn-train's checkpointers do, with their default strategy, which saves every epoch).
+    fn to_record(&self) -> ZeroAdamRecord {
+        let ([master, m, v], shard) = or_panic(self.gather());
+        ZeroAdamRecord {
+            master,
+            m,
+            v,
+            numels: self.layout.numels.iter().map(|&n| n as u64).collect(),
+            time: shard.time,
+            skipped: shard.skipped,
         }
     }
-    runs
-}
 
-impl ZeroAdamConfig {
-    /// The update's scalars at learning rate `lr` and step `step`.
-    fn scalars(&self, lr: f64, step: u32) -> StepScalars {
-        StepScalars {
-            lr: lr as f32,
-            beta1: self.beta_1,
-            beta2: self.beta_2,
-            eps: self.epsilon,
-            weight_decay: self.weight_decay,
-            decoupled: self.decoupled_weight_decay,
-            step,
-        }
+    fn load_record(mut self, record: ZeroAdamRecord) -> Self {
+        or_panic(self.load(record));
+        self
     }
 }
-
-/// Copies, for every piece of this rank's shard, either the parameter's values (building the
-/// master weights) or its gradient, into `out`; records which pieces had a gradient.
-struct ReadShard<'a, B: AutodiffBackend> {
-    params: &'a [ParamInfo],
-    pieces: &'a [Piece],
-    grads: Option<&'a GradientsParams>,
-    out: &'a mut [f32],
-    /// Per piece: whether its parameter had a gradient.
-    present: Vec<bool>,
-    /// Per parameter (all of them, not only this shard's): whether it had a gradient.
-    has_grad: Vec<bool>,
-    _b: std::marker::PhantomData<B>,
-}
-
-impl<B: AutodiffBackend> ModuleVisitor<B> for ReadShard<'_, B> {
-    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-        let Some(index) = self.params.iter().position(|p| p.id == param.id) else {
-            return;
-        };
-        if let Some(grads) = self.grads {
-            self.has_grad[index] = grads.get::<B::InnerBackend, D>(param.id).is_some();
-        }
-        for piece in self.pieces.iter().filter(|p| p.param == index) {
-            let values = match self.grads {
-                None => Some(param.val().into_data()),
-                Some(grads) => grads
-                    .get::<B::InnerBackend, D>(param.id)
-                    .map(|g| g.into_data()),
-            };
-            self.present.push(values.is_some());
-            if let Some(values) = values {
-                let values = values
-                    .convert::<f32>()
-                    .into_vec::<f32>()
-                    .expect("f32 values");
-                self.out[piece.in_shard.clone()].copy_from_slice(&values[piece.within.clone()]);
-            }
-        }
-    }
-}
-
-/// Writes the gathered flat master weights into the model's tensors, in their dtype.
-struct WriteParams<'a, B: AutodiffBackend> {
-    params: &'a [ParamInfo],
-    layout: &'a FlatLayout,
-    flat: &'a [f32],
-    _b: std::marker::PhantomData<B>,
-}
-
-impl<B: AutodiffBackend> ModuleMapper<B> for WriteParams<'_, B> {
-    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
-        let Some(index) = self.params.iter().position(|p| p.id == param.id) else {
-            return param;
-        };
-        let (id, tensor, mapper) = param.consume();
-        let info = &self.params[index];
-        let start = self.layout.offsets[index];
-        let values = self.flat[start..start + info.numel()].to_vec();
-        let data = TensorData::new(values, info.shape.clone()).convert_dtype(info.dtype);
-        Param::from_mapped_value(id, burn_dist_models::replace_values(&tensor, data), mapper)
-    }
-}
-
 impl burn_dist::testing::OptimizerKind for ZeroAdamConfig {
     fn build<B, M>(&self, ddp: &Ddp, model: &M) -> Box<dyn burn_dist::testing::Stepper<B, M>>
     where
@@ -659,46 +297,5 @@ impl<B: AutodiffBackend, M: AutodiffModule<B>> burn_dist::testing::Stepper<B, M>
         ZeroAdam::step(self, lr, model, grads, ddp)
             .map(|(model, _)| model)
             .map_err(|e| burn_dist::DistError::Usage(e.to_string()))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn piece(param: usize, in_shard: Range<usize>) -> Piece {
-        Piece {
-            param,
-            within: 0..in_shard.len(),
-            in_shard,
-        }
-    }
-
-    #[test]
-    fn update_runs_merge_adjacent_pieces_of_one_step_count() {
-        let pieces = [
-            piece(0, 0..5),
-            piece(1, 5..9),
-            piece(2, 9..20),
-            piece(3, 20..21),
-        ];
-        let all = [true; 4];
-        assert_eq!(update_runs(&pieces, &all, &[3, 3, 3, 3]), [(0..21, 3)]);
-        assert_eq!(
-            update_runs(&pieces, &all, &[3, 3, 2, 3]),
-            [(0..9, 3), (9..20, 2), (20..21, 3)],
-            "a parameter with another step count is its own run"
-        );
-    }
-
-    #[test]
-    fn update_runs_leave_out_pieces_without_a_gradient() {
-        let pieces = [piece(0, 0..5), piece(1, 5..9), piece(2, 9..20)];
-        assert_eq!(
-            update_runs(&pieces, &[true, false, true], &[4, 4, 4]),
-            [(0..5, 4), (9..20, 4)],
-            "the runs on either side of a piece without a gradient are not joined"
-        );
-        assert!(update_runs(&pieces, &[false; 3], &[4, 4, 4]).is_empty());
     }
 }

@@ -18,7 +18,7 @@
 use std::sync::{Arc, Mutex};
 
 use burn::config::Config;
-use burn::module::{AutodiffModule, Module, ModuleVisitor, Param};
+use burn::module::{AutodiffModule, Module, ModuleVisitor, Param, ParamId};
 use burn::optim::GradientsParams;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Tensor, TensorData};
@@ -28,7 +28,10 @@ use crate::bucket::{BucketConfig, Layout};
 use crate::context::{self, Scope, SharedReducer, lock};
 use crate::error::{DistError, Result};
 use crate::flat::FlatLayout;
-use crate::model::{Overwrite, ParamInfo, Survey, distributed_id, first_difference, mark_for_sync};
+use crate::model::{
+    Overwrite, ParamInfo, StableIds, Survey, distributed_id, first_difference, mark_for_sync,
+    stable_param_id,
+};
 use crate::random::RandomStream;
 use crate::reducer::{Reducer, ReducerEvent, ReducerStats};
 use crate::sharded::GradientShard;
@@ -259,7 +262,10 @@ impl Ddp {
     /// Makes `model` identical on every rank and ready for synchronized training: checks that
     /// every rank has the same tensors (names, shapes, dtypes) and fails naming the first
     /// difference, copies rank 0's values to every rank, registers the trainable parameters
-    /// with the reducer and marks them for gradient sync.
+    /// with the reducer and marks them for gradient sync. The returned model's float
+    /// parameters have ParamIds derived from their place in the model, the same in every
+    /// process, so that a model loaded from a record (a resumed run) keeps the ids the reducer
+    /// and the optimizers know.
     pub fn prepare<B: AutodiffBackend, M: Module<B>>(&mut self, model: M) -> Result<M> {
         let survey = Survey::of::<B, M>(&model);
         self.check_same_model(&survey.fingerprint)?;
@@ -275,11 +281,18 @@ impl Ddp {
                 at: 0,
             })
         };
-        self.params = survey
-            .floats
-            .into_iter()
-            .filter(|p| p.require_grad)
+        // Ids that a checkpoint's record keeps across processes (see `stable_param_id`).
+        let mut floats = survey.floats;
+        let ids: Vec<ParamId> = floats
+            .iter()
+            .enumerate()
+            .map(|(i, p)| stable_param_id(i, &p.name, &p.shape))
             .collect();
+        for (info, &id) in floats.iter_mut().zip(&ids) {
+            info.id = id;
+        }
+        let model = model.map(&mut StableIds { ids: &ids, next: 0 });
+        self.params = floats.into_iter().filter(|p| p.require_grad).collect();
         let ids: Vec<_> = self
             .params
             .iter()
@@ -428,6 +441,11 @@ impl Ddp {
     #[doc(hidden)]
     pub fn take_device_gradient_shard(&self) -> Result<(Box<dyn std::any::Any>, Vec<bool>)> {
         lock(&self.reducer).take_device_gradient_shard()
+    }
+
+    /// This rank's reducer, for handles that outlive a borrow of `Ddp`.
+    pub(crate) fn shared_reducer(&self) -> crate::context::SharedReducer {
+        self.reducer.clone()
     }
 
     /// Runs `f` on this rank's reducer (test-only fault injection, `crate::testing`).

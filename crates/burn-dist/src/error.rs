@@ -45,6 +45,24 @@ pub enum DistError {
     )]
     NotMarked { param: usize, name: String },
 
+    /// An optimizer step came with gradients that no backward pass synchronized since the
+    /// previous step: the model's parameters were not marked for sync.
+    #[error(
+        "rank {rank}: the optimizer was given gradients that were not averaged over the ranks \
+         (no backward pass reached burn-dist since the last step), so every rank would train on \
+         its own gradients. The parameters were not marked for sync: burn-train's Learner \
+         forks the model, which drops the marks, so mark the copy that runs the forward pass in \
+         `TrainStep::step`: `let model = burn_dist::mark_for_sync(self.clone());`"
+    )]
+    UnsyncedStep { rank: usize },
+
+    /// burn-train's multi-device strategy was used with a burn-dist optimizer.
+    #[error(
+        "burn-dist runs one process per device: train on one device per process (launched by \
+         burn-dist-run) instead of burn-train's multi-device strategy"
+    )]
+    MultiDevice,
+
     /// `Ddp` was used before `prepare`.
     #[error("{0}")]
     Usage(String),

@@ -38,6 +38,7 @@ mod device;
 mod error;
 pub mod flat;
 mod model;
+mod optim;
 pub mod random;
 mod reducer;
 pub mod sampler;
@@ -47,6 +48,8 @@ mod sync;
 #[doc(hidden)]
 pub mod testing;
 mod threads;
+#[cfg(feature = "train")]
+pub mod train;
 
 pub use backend::DistributedBackend;
 pub use bucket::{BucketConfig, Layout};
@@ -55,6 +58,7 @@ pub use ddp::{Ddp, DdpConfig};
 pub use error::{DistError, Result};
 pub use flat::{FlatLayout, Piece};
 pub use model::{ParamInfo, Survey, mark_for_sync};
+pub use optim::{DdpOptimizer, SyncCheck, SyncHandle};
 pub use reducer::{Reducer, ReducerEvent, ReducerStats};
 pub use sampler::{DistributedSampler, ShardedDataset};
 pub use scaler::{GradScaler, GradScalerConfig, agree_found_inf};

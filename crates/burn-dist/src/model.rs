@@ -152,6 +152,46 @@ impl<B: Backend> ModuleMapper<B> for Overwrite<'_> {
     }
 }
 
+/// Gives every float parameter, in visit order, the `ParamId` that [`stable_param_id`] derives
+/// from its place in the model.
+pub(crate) struct StableIds<'a> {
+    pub ids: &'a [ParamId],
+    pub next: usize,
+}
+
+impl<B: Backend> ModuleMapper<B> for StableIds<'_> {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        let (_, tensor, mapper) = param.consume();
+        let id = self.ids[self.next];
+        self.next += 1;
+        Param::from_mapped_value(id, tensor, mapper)
+    }
+}
+
+/// The `ParamId` of the `index`-th float parameter (visit order), named `name`, of shape
+/// `shape`: the same in every process and every run of the same model.
+///
+/// Why: Burn draws ParamIds at random per process, and a model loaded from a record takes the
+/// ids saved in it (burn-train's Learner resumes that way). The reducer and ZeroAdam key
+/// parameters by id, so the ids of a resumed process must be those of the process that saved.
+/// With ids derived from the model's structure they are.
+pub(crate) fn stable_param_id(index: usize, name: &str, shape: &[usize]) -> ParamId {
+    // FNV-1a over the parameter's place, name and shape; distinct parameters of one model
+    // differ in `index`, so only a 64-bit hash collision could give two of them one id.
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut eat = |bytes: &[u8]| {
+        for &byte in bytes {
+            hash = (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    };
+    eat(&(index as u64).to_le_bytes());
+    eat(name.as_bytes());
+    for &dim in shape {
+        eat(&(dim as u64).to_le_bytes());
+    }
+    ParamId::from(hash)
+}
+
 /// Marks every trainable float parameter for gradient sync, with its `ParamId` as the
 /// distributed id (what Burn's optimizers use when they re-mark after a step).
 pub(crate) struct Mark;

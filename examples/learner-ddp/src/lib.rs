@@ -1,6 +1,8 @@
 //! burn-train's single-device `Learner` trained data-parallel with burn-dist: one process per
-//! rank, `Autodiff<DistributedBackend<Flex>>`, each rank on its shard of the data, gradients
-//! averaged during `backward()`; metrics, logs and checkpoints on rank 0 only.
+//! rank, `Autodiff<DistributedBackend<Flex>>`, each rank on its shard of the data (a new order
+//! every epoch), gradients averaged during `backward()`, Burn's Adam or burn-dist-zero's
+//! `ZeroAdam` through Burn's `Optimizer` trait; metrics, logs and checkpoints on rank 0 only,
+//! and a resume from any epoch's checkpoint at any world size.
 //!
 //! The binary (`src/main.rs`) runs [`learner::fit`]; [`reference::custom_loop`] trains the same
 //! model on the same data with a plain loop in one process, which the launched test compares
@@ -10,7 +12,6 @@ pub mod data;
 pub mod learner;
 pub mod model;
 pub mod reference;
-pub mod silent;
 pub mod sync;
 
 /// Seed of the model's deterministic initialization.
@@ -21,6 +22,18 @@ pub const DATA_SEED: u64 = 3;
 pub const VALID_SEED: u64 = 5;
 /// Seed of the data order, shared by every rank.
 pub const SAMPLER_SEED: u64 = 42;
+
+/// The optimizer a run trains with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum OptimizerChoice {
+    /// Burn's Adam (`AdamConfig`), checked by `Ddp::optimizer`.
+    #[default]
+    Adam,
+    /// burn-dist-zero's ZeroAdam, stage 1 (sharded optimizer state), as plain Adam.
+    Zero1,
+    /// ZeroAdam stage 2 (sharded state and gradients).
+    Zero2,
+}
 
 /// What one training run does; the Learner run and the reference loop take the same values.
 #[derive(Debug, Clone, PartialEq)]

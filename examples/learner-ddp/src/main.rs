@@ -14,19 +14,21 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use burn::backend::Autodiff;
+use burn::optim::AdamConfig;
 use burn_dist::{Ddp, DdpConfig, DistributedBackend};
 use burn_dist_models::step::{float_params, write_params};
+use burn_dist_zero::ZeroAdamConfig;
 use burn_flex::{Flex, FlexDevice};
 use clap::Parser;
 use learner_ddp::model::Regressor;
-use learner_ddp::{MODEL_SEED, Run, learner};
+use learner_ddp::{MODEL_SEED, OptimizerChoice, Run, learner};
 
 type B = Autodiff<DistributedBackend<Flex>>;
 
 #[derive(Parser)]
 #[command(about = "Train an MLP with burn-train's Learner, data-parallel across processes")]
 struct Args {
-    /// Where rank 0 writes metrics, experiment.log and checkpoints.
+    /// Where rank 0 writes metrics, experiment.log and checkpoints (one per epoch).
     #[arg(long)]
     artifact_dir: PathBuf,
     #[arg(long, default_value_t = 2)]
@@ -39,9 +41,18 @@ struct Args {
     samples: usize,
     #[arg(long, default_value_t = 16)]
     valid_samples: usize,
-    /// Constant learning rate of Burn's Adam.
+    /// Constant learning rate.
     #[arg(long, default_value_t = 1e-2)]
     lr: f64,
+    #[arg(long, value_enum, default_value_t = OptimizerChoice::Adam)]
+    optimizer: OptimizerChoice,
+    /// Continue after this epoch's checkpoint in --artifact-dir (written at any world size).
+    #[arg(long)]
+    resume: Option<usize>,
+    /// Shows the error of a forgotten `mark_for_sync` in `TrainStep::step`: the steps do not
+    /// mark the model.
+    #[arg(long, hide = true)]
+    skip_mark: bool,
     /// Rank 0 writes the final parameters here (burn_dist_models::step::write_params format).
     #[arg(long)]
     out: Option<PathBuf>,
@@ -76,7 +87,7 @@ fn train(args: Args) -> Result<(), String> {
         lr: args.lr,
     };
     run.check(world)?;
-    let artifact_dir = if rank == 0 {
+    if rank == 0 {
         // burn-train would only find out at its first write, in a panic from another thread.
         std::fs::create_dir_all(&args.artifact_dir).map_err(|e| {
             format!(
@@ -84,28 +95,36 @@ fn train(args: Args) -> Result<(), String> {
                 args.artifact_dir.display()
             )
         })?;
-        args.artifact_dir.clone()
-    } else {
-        args.artifact_dir.join(format!("rank-{rank}"))
-    };
+    }
     // Each rank says where its Learner may write, so a test can check every rank's directory.
-    println!("learner directory: {}", artifact_dir.display());
+    let own = burn_dist::train::rank_directory(&ddp, &args.artifact_dir);
+    println!("learner directory: {}", own.display());
 
+    learner_ddp::model::MARK_FOR_SYNC.store(!args.skip_mark, std::sync::atomic::Ordering::Relaxed);
     let model = ddp
         .prepare(Regressor::<B>::new(MODEL_SEED, &FlexDevice))
         .map_err(|e| format!("rank {rank}: preparing the model: {e}"))?;
-    let trained = learner::fit(model, &run, rank, world, &artifact_dir);
-
-    // Every step must have gone through the reducer; a missing mark would instead train each
-    // rank on its own gradients without any error.
-    let steps = (run.epochs * run.steps_per_epoch(world)) as u64;
-    let synced = ddp.stats().backwards;
-    if synced != steps {
-        return Err(format!(
-            "rank {rank}: the Learner ran {steps} steps but {synced} backward passes synchronized \
-             gradients: the parameters were not marked for sync in every step"
-        ));
-    }
+    // The one line that differs between Burn's Adam and ZeroAdam.
+    let trained = match args.optimizer {
+        OptimizerChoice::Adam => {
+            let adam = ddp.optimizer(AdamConfig::new().init());
+            learner::fit(&ddp, model, adam, &run, &args.artifact_dir, args.resume)
+        }
+        OptimizerChoice::Zero1 | OptimizerChoice::Zero2 => {
+            let stage = if args.optimizer == OptimizerChoice::Zero1 {
+                1
+            } else {
+                2
+            };
+            // Burn's Adam: no weight decay.
+            let zero = ZeroAdamConfig::new()
+                .with_weight_decay(0.0)
+                .with_stage(stage)
+                .init::<B, _>(&ddp, &model)
+                .map_err(|e| format!("rank {rank}: building ZeroAdam: {e}"))?;
+            learner::fit(&ddp, model, zero, &run, &args.artifact_dir, args.resume)
+        }
+    };
     if let (0, Some(path)) = (rank, &args.out) {
         write_params(path, &float_params(&trained))
             .map_err(|e| format!("writing {}: {e}", path.display()))?;

@@ -1,6 +1,8 @@
 //! The model the Learner trains: burn-dist-models' MLP with an MSE loss, wired into burn-train's
 //! `TrainStep` and `InferenceStep`.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use burn::module::Module;
 use burn::nn::loss::{MseLoss, Reduction};
 use burn::tensor::backend::{AutodiffBackend, Backend};
@@ -9,6 +11,10 @@ use burn_train::{InferenceStep, RegressionOutput, TrainOutput, TrainStep};
 
 use crate::data::RegressionBatch;
 use crate::sync::mark_for_sync;
+
+/// Whether [`TrainStep::step`] marks the model (the binary's hidden `--skip-mark` clears it, to
+/// show the error a forgotten mark gives).
+pub static MARK_FOR_SYNC: AtomicBool = AtomicBool::new(true);
 
 /// burn-dist-models' [`Mlp`] (sizes [`MLP_SIZES`], no dropout) as a regressor. A wrapper because
 /// burn-train's step traits cannot be implemented for a type of another crate.
@@ -40,7 +46,11 @@ impl<B: AutodiffBackend> TrainStep for Regressor<B> {
     fn step(&self, batch: RegressionBatch<B>) -> TrainOutput<RegressionOutput<B>> {
         // The Learner's fork dropped the sync marks (see `crate::sync`): mark the copy that runs
         // this step, so that `backward()` averages the gradients over the ranks.
-        let model = mark_for_sync(self.clone());
+        let model = if MARK_FOR_SYNC.load(Ordering::Relaxed) {
+            mark_for_sync(self.clone())
+        } else {
+            self.clone()
+        };
         let item = model.forward_regression(batch);
         TrainOutput::new(&model, item.loss.clone().backward(), item)
     }

@@ -12,21 +12,20 @@ use crate::data::{RegressionBatch, RegressionBatcher, Sample, synthetic_dataset}
 use crate::model::Regressor;
 use crate::{DATA_SEED, MODEL_SEED, Run, SAMPLER_SEED};
 
-/// Trains for `run.epochs` epochs on batches of `global_batch` samples taken in the data order
-/// that the ranks share (the sampler's order at world size 1), and returns the final
-/// parameters in visit order. Like the Learner's data loader, it reads the same order every
-/// epoch.
+/// Trains for `run.epochs` epochs on batches of `global_batch` samples taken in each epoch's
+/// data order that the ranks share (the sampler's order at world size 1), and returns the final
+/// parameters in visit order.
 pub fn custom_loop<B: AutodiffBackend>(
     run: &Run,
     global_batch: usize,
     device: &B::Device,
 ) -> Vec<Vec<f32>> {
     let dataset = synthetic_dataset(run.samples, DATA_SEED);
-    let order = DistributedSampler::new(0, 1, SAMPLER_SEED).indices(dataset.len(), 0);
+    let sampler = DistributedSampler::new(0, 1, SAMPLER_SEED);
     let mut model = Regressor::<B>::new(MODEL_SEED, device);
     let mut optim = AdamConfig::new().init::<B, Regressor<B>>();
-    for _epoch in 0..run.epochs {
-        for rows in order.chunks(global_batch) {
+    for epoch in 0..run.epochs as u64 {
+        for rows in sampler.indices(dataset.len(), epoch).chunks(global_batch) {
             let items: Vec<Sample> = rows
                 .iter()
                 .map(|&i| dataset.get(i).expect("the sampler's indices are in range"))

@@ -1,6 +1,10 @@
-//! Two real processes through `burn-dist-run`, each training with burn-train's plain
-//! single-device `Learner` on its shard of the data, end with the parameters of the one-process
-//! custom loop on the concatenated batch; only rank 0 writes metrics, logs and checkpoints.
+//! Real processes through `burn-dist-run`, each training with burn-train's plain single-device
+//! `Learner` on its shard of the data:
+//! - 2 ranks with Burn's Adam end with the parameters of the one-process custom loop on the
+//!   concatenated batch, and only rank 0 writes metrics, logs and checkpoints;
+//! - with ZeroAdam (stages 1 and 2) 2 ranks equal 1 rank, and a run resumed from the Learner's
+//!   checkpoint, at the same and at another world size, equals the uninterrupted run;
+//! - a `TrainStep` that forgets to mark the model fails at the first step, naming the fix.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
@@ -32,12 +36,22 @@ fn run() -> Run {
 }
 
 /// Runs `learner-ddp` on `WORLD` ranks; returns its exit status and its output (both streams,
-/// every line prefixed by the launcher with its rank). Killed after TIMEOUT without output: the
-/// launcher's ranks die with it.
+/// every line prefixed by the launcher with its rank).
 fn launch(artifacts: &Path, out: &Path) -> (ExitStatus, String) {
-    let run = run();
+    launch_on(WORLD, run(), artifacts, out, &[])
+}
+
+/// Runs `learner-ddp` on `world` ranks, each with `run.batch` samples per step and `extra`
+/// arguments. Killed after TIMEOUT without output: the launcher's ranks die with it.
+fn launch_on(
+    world: usize,
+    run: Run,
+    artifacts: &Path,
+    out: &Path,
+    extra: &[&str],
+) -> (ExitStatus, String) {
     let mut child = Command::new(launcher())
-        .args(["--nproc-per-node", &WORLD.to_string(), "--master-port", "0"])
+        .args(["--nproc-per-node", &world.to_string(), "--master-port", "0"])
         .args(["--stop-grace-secs", "2", "--"])
         .arg(env!("CARGO_BIN_EXE_learner-ddp"))
         .arg("--artifact-dir")
@@ -49,6 +63,7 @@ fn launch(artifacts: &Path, out: &Path) -> (ExitStatus, String) {
         .args(["--lr", &run.lr.to_string()])
         .arg("--out")
         .arg(out)
+        .args(extra)
         .env("BURN_DIST_TIMEOUT_SECS", "60")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -107,8 +122,8 @@ fn two_learner_processes_equal_the_custom_loop_and_only_rank_0_writes_artifacts(
         );
     }
     // ...and every other rank was given a directory of its own, which would show any write
-    // (a directory shared with rank 0 would hide them among rank 0's files), and wrote nothing
-    // there.
+    // (a directory shared with rank 0 would hide them among rank 0's files), and wrote no file
+    // there (its checkpointer only made its empty directory).
     let dirs = learner_directories(&transcript);
     assert_eq!(
         dirs.iter().map(|(rank, _)| *rank).collect::<Vec<_>>(),
@@ -118,7 +133,109 @@ fn two_learner_processes_equal_the_custom_loop_and_only_rank_0_writes_artifacts(
     assert_eq!(dirs[0].1, artifacts, "rank 0's Learner directory");
     for (rank, dir) in &dirs[1..] {
         assert_ne!(dir, &artifacts, "rank {rank} shares rank 0's directory");
-        assert!(!dir.exists(), "rank {rank} wrote into {}", dir.display());
+        let written = files_under(dir);
+        assert!(written.is_empty(), "rank {rank} wrote {written:?}");
+    }
+    std::fs::remove_dir_all(&root).ok();
+}
+
+/// Every file under `dir` (none if it does not exist).
+fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .flat_map(|entry| {
+            let path = entry.path();
+            if path.is_dir() {
+                files_under(&path)
+            } else {
+                vec![path]
+            }
+        })
+        .collect()
+}
+
+/// Launches and returns rank 0's final parameters, failing with the transcript.
+fn trained(world: usize, run: Run, artifacts: &Path, extra: &[&str]) -> Vec<Vec<f32>> {
+    let out = artifacts.with_extension(format!("w{world}.params"));
+    let (status, transcript) = launch_on(world, run, artifacts, &out, extra);
+    assert!(
+        status.success(),
+        "learner-ddp on {world} ranks {extra:?} failed: {status}\n{transcript}"
+    );
+    read_params(&out).unwrap_or_else(|e| panic!("{}: {e}", out.display()))
+}
+
+#[test]
+fn zero_adam_under_the_learner_on_2_ranks_equals_1_rank_and_resumes_at_any_world_size() {
+    let root = scratch_dir("zero");
+    for stage in ["zero1", "zero2"] {
+        let optimizer = ["--optimizer", stage];
+        // The same global batch of 8 samples per step on 2 and on 1 rank.
+        let two = Run { batch: 4, ..run() };
+        let one = Run { batch: 8, ..run() };
+        let uninterrupted = trained(2, two.clone(), &root.join(format!("{stage}-2")), &optimizer);
+        let alone = trained(1, one.clone(), &root.join(format!("{stage}-1")), &optimizer);
+        assert_close(
+            &alone,
+            &uninterrupted,
+            1e-5,
+            &format!("{stage}: 1 rank vs 2 ranks"),
+        );
+
+        // Epoch 1 on 2 ranks, then epoch 2 from its checkpoint, on 2 ranks and on 1.
+        let first = root.join(format!("{stage}-first"));
+        let epoch_1 = trained(
+            2,
+            Run {
+                epochs: 1,
+                ..two.clone()
+            },
+            &first,
+            &optimizer,
+        );
+        assert!(
+            epoch_1 != uninterrupted,
+            "{stage}: the second epoch changed nothing, so a resume could not be told apart"
+        );
+        let resume = [&optimizer[..], &["--resume", "1"]].concat();
+        for (world, run) in [(2, two.clone()), (1, one.clone())] {
+            let resumed = trained(world, run, &first, &resume);
+            assert_close(
+                &resumed,
+                &uninterrupted,
+                1e-5,
+                &format!("{stage}: epoch 2 resumed on {world} ranks vs uninterrupted"),
+            );
+        }
+    }
+    std::fs::remove_dir_all(&root).ok();
+}
+
+#[test]
+fn a_forgotten_mark_under_the_learner_fails_at_the_first_step_naming_the_fix() {
+    let root = scratch_dir("unmarked");
+    for optimizer in ["adam", "zero1"] {
+        let out = root.join("params.bin");
+        let (status, transcript) = launch_on(
+            WORLD,
+            run(),
+            &root.join(optimizer),
+            &out,
+            &["--optimizer", optimizer, "--skip-mark"],
+        );
+        assert!(
+            !status.success(),
+            "{optimizer}: trained without syncing:\n{transcript}"
+        );
+        assert!(
+            transcript.contains("were not averaged over the ranks")
+                && transcript.contains("burn_dist::mark_for_sync(self.clone())"),
+            "{optimizer}: the failure does not name the fix:\n{transcript}"
+        );
+        assert!(!out.exists(), "{optimizer}: parameters were written");
     }
     std::fs::remove_dir_all(&root).ok();
 }

@@ -1,12 +1,13 @@
 //! The Learner components of ranks other than 0: they log, render and store nothing.
 //!
 //! burn-train's `SupervisedTraining::launch` writes into its directory unless told otherwise:
-//! - a `FileMetricLogger` when no metric logger was registered → register [`NoMetricLogger`];
+//! - a `FileMetricLogger` when no metric logger was registered → [`NoMetricLogger`];
 //! - `experiment.log`, through the default application logger → `with_application_logger(None)`;
-//! - checkpoints, only if `with_file_checkpointer` was called → do not call it;
-//! - a summary, only if `summary()` was called → do not call it.
+//! - checkpoints, through the recorder given to `with_file_checkpointer` → [`super::RankZeroRecorder`]
+//!   writes nothing on these ranks;
+//! - a summary, only if `summary()` was called.
 //!
-//! and prints every item through its default renderer → register [`SilentRenderer`].
+//! and prints every item through its default renderer → [`SilentRenderer`].
 
 use burn_train::logger::MetricLogger;
 use burn_train::metric::store::{EpochSummary, MetricsUpdate, Split};
@@ -17,7 +18,8 @@ use burn_train::renderer::{
 };
 
 /// A metric logger that keeps nothing. Reading gives no points, which burn-train treats as
-/// "no value" (nothing on these ranks reads metrics: no checkpointer, no early stopping).
+/// "no value": these ranks' checkpointing strategies only decide deletions in their own empty
+/// directory, and early stopping follows rank 0's decision ([`super::AgreedEarlyStopping`]).
 pub struct NoMetricLogger;
 
 impl MetricLogger for NoMetricLogger {
