@@ -27,6 +27,8 @@ pub const MAX_MANIFEST_BYTES: u64 = 16 << 20;
 
 pub const MANIFEST: &str = "manifest.json";
 pub const MODEL_FILE: &str = "model.safetensors";
+/// The optimizer record of a checkpoint of a Burn optimizer ([`OptimizerState::Record`]).
+pub const OPTIMIZER_FILE: &str = "optimizer.bin";
 
 /// Name of rank `rank`'s optimizer shard file.
 pub fn shard_file(rank: usize) -> String {
@@ -43,6 +45,11 @@ pub struct Manifest {
     pub samples_consumed: u64,
     pub scaler: Option<ScalerState>,
     pub random: RandomState,
+    /// How the optimizer state is stored. Written only when it is not the default (ZeroAdam's
+    /// shards), so that the checksum of a manifest written before this field existed holds.
+    #[serde(default, skip_serializing_if = "OptimizerState::is_shards")]
+    pub optimizer: OptimizerState,
+    /// The flat layout of the trainable parameters (and of ZeroAdam's shards).
     pub layout: LayoutEntry,
     /// The gradient buckets in use when it was saved: each bucket's parameters (visit-order
     /// indices) in the order they become ready. Restored on load (at the same parameter count)
@@ -54,6 +61,32 @@ pub struct Manifest {
     pub params: Vec<ParamEntry>,
     /// Every file of the checkpoint but the manifest.
     pub files: Vec<FileEntry>,
+}
+
+/// How a checkpoint stores the optimizer state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OptimizerState {
+    /// ZeroAdam's shards, one file per rank (`optim-rank-NNNNN.bin`), resharded on load.
+    #[default]
+    Shards,
+    /// Any Burn optimizer's record, the same on every rank, written once by rank 0
+    /// ([`OPTIMIZER_FILE`], Burn's binary record format at full precision).
+    Record,
+}
+
+impl OptimizerState {
+    fn is_shards(&self) -> bool {
+        *self == OptimizerState::Shards
+    }
+
+    /// The files of a checkpoint of `world` ranks, the manifest aside.
+    pub fn file_count(&self, world: usize) -> Option<usize> {
+        match self {
+            OptimizerState::Shards => world.checked_add(1),
+            OptimizerState::Record => Some(2),
+        }
+    }
 }
 
 /// A `GradScaler`'s state.
@@ -102,27 +135,33 @@ pub struct ParamEntry {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FileEntry {
     pub name: String,
-    /// The rank whose optimizer shard it holds; `None` for the model weights.
+    /// The rank whose optimizer shard it holds; `None` for the model weights and the
+    /// optimizer record.
     pub rank: Option<usize>,
     pub bytes: u64,
     pub crc32: u32,
+    /// Whether it is the optimizer record ([`OPTIMIZER_FILE`]); written only when true.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub optimizer_record: bool,
 }
 
 impl FileEntry {
     /// The name the format gives this entry's file: `model.safetensors` for the weights,
-    /// `optim-rank-NNNNN.bin` for rank N's shard.
+    /// `optim-rank-NNNNN.bin` for rank N's shard, `optimizer.bin` for an optimizer record.
     pub fn defined_name(&self) -> String {
-        match self.rank {
-            Some(rank) => shard_file(rank),
-            None => MODEL_FILE.into(),
+        match (self.rank, self.optimizer_record) {
+            (Some(rank), _) => shard_file(rank),
+            (None, true) => OPTIMIZER_FILE.into(),
+            (None, false) => MODEL_FILE.into(),
         }
     }
 
     /// What the file is, for messages.
     pub fn what(&self) -> String {
-        match self.rank {
-            Some(rank) => format!("rank {rank}'s optimizer shard"),
-            None => "the model weights".into(),
+        match (self.rank, self.optimizer_record) {
+            (Some(rank), _) => format!("rank {rank}'s optimizer shard"),
+            (None, true) => "the optimizer record".into(),
+            (None, false) => "the model weights".into(),
         }
     }
 }
@@ -147,8 +186,18 @@ impl Manifest {
     pub fn model_entry(&self, dir: &Path) -> Result<&FileEntry> {
         self.files
             .iter()
-            .find(|f| f.rank.is_none())
+            .find(|f| f.rank.is_none() && !f.optimizer_record)
             .ok_or_else(|| CheckpointError::corrupt(dir.join(MANIFEST), "lists no model weights"))
+    }
+
+    /// The entry of the optimizer record ([`OptimizerState::Record`]).
+    pub fn record_entry(&self, dir: &Path) -> Result<&FileEntry> {
+        self.files
+            .iter()
+            .find(|f| f.optimizer_record)
+            .ok_or_else(|| {
+                CheckpointError::corrupt(dir.join(MANIFEST), "lists no optimizer record")
+            })
     }
 
     /// Reads and checks `dir/manifest.json`. A missing manifest means an incomplete checkpoint;
@@ -278,15 +327,24 @@ impl Manifest {
                 });
             }
         }
-        // The model and one shard per rank: with the count, distinct entries and ranks below
-        // the world size, every rank has its shard. (The count also bounds the loop by the size
-        // of the manifest, whatever world size it claims.)
-        if self.world_size.checked_add(1) != Some(self.files.len()) {
+        // The model and one shard per rank (or the optimizer record): with the count, distinct
+        // entries and ranks below the world size, every rank has its shard. (The count also
+        // bounds the loop by the size of the manifest, whatever world size it claims.)
+        let expected = self.optimizer.file_count(self.world_size);
+        if expected != Some(self.files.len()) {
             return bad(format!(
-                "lists {} files, a checkpoint of {} ranks has {}",
+                "lists {} files, a checkpoint of {} ranks ({:?} optimizer state) has {}",
                 self.files.len(),
                 self.world_size,
-                self.world_size.saturating_add(1)
+                self.optimizer,
+                expected.unwrap_or(usize::MAX)
+            ));
+        }
+        let records = self.files.iter().filter(|f| f.optimizer_record).count();
+        if records != usize::from(self.optimizer == OptimizerState::Record) {
+            return bad(format!(
+                "lists {records} optimizer records for {:?} optimizer state",
+                self.optimizer
             ));
         }
         for (i, entry) in self.files.iter().enumerate() {
@@ -297,7 +355,10 @@ impl Manifest {
                     self.world_size
                 ));
             }
-            if self.files[..i].iter().any(|f| f.rank == entry.rank) {
+            if self.files[..i]
+                .iter()
+                .any(|f| (f.rank, f.optimizer_record) == (entry.rank, entry.optimizer_record))
+            {
                 return bad(format!("lists {} twice", entry.what()));
             }
         }

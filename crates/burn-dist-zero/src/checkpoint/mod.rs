@@ -35,6 +35,8 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use burn::module::AutodiffModule;
+use burn::optim::Optimizer;
+use burn::record::{BinBytesRecorder, FullPrecisionSettings, Recorder};
 use burn::tensor::backend::AutodiffBackend;
 use burn_dist::{Ddp, GradScaler, ParamInfo};
 use safetensors::{Dtype, tensor::TensorView};
@@ -46,11 +48,11 @@ use manifest::parse_step;
 pub use error::{CheckpointError, Result, SaveStage};
 pub use fault_points::{FAULT_VAR, PAUSE_VAR, inject_fault_on_this_thread};
 pub use manifest::{
-    FORMAT_VERSION, FileEntry, LayoutEntry, MANIFEST, MODEL_FILE, Manifest, ParamEntry,
-    RandomState, ScalerState, shard_file as shard_file_name,
+    FORMAT_VERSION, FileEntry, LayoutEntry, MANIFEST, MODEL_FILE, Manifest, OPTIMIZER_FILE,
+    OptimizerState, ParamEntry, RandomState, ScalerState, shard_file as shard_file_name,
 };
 pub use retention::keep_last;
-pub use save::save;
+pub use save::{save, save_optimizer};
 
 /// Everything besides weights and optimizer state that a resumed run needs.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
@@ -167,19 +169,91 @@ pub fn load<B: AutodiffBackend, M: AutodiffModule<B>>(
     model: M,
     zero: &mut ZeroAdam,
 ) -> Result<(M, TrainingState)> {
+    let rank = ddp.rank();
+    let (model, shard, state) =
+        load_parts::<B, M, _>(path.as_ref(), ddp, model, |dir, manifest| {
+            expect_optimizer(dir, manifest, OptimizerState::Shards)?;
+            assemble_shard(dir, manifest, zero.layout(), rank)
+        })?;
+    zero.import(shard)?;
+    Ok((model, state))
+}
+
+/// Loads a checkpoint of [`save_optimizer`] into `model` and `optim` (any Burn optimizer, as
+/// built for a fresh run), at any world size: every rank reads the same record. A collective,
+/// with [`load`]'s checks; returns the model (marked for gradient sync), the optimizer and the
+/// training state.
+pub fn load_optimizer<B, M, O>(
+    path: impl AsRef<Path>,
+    ddp: &Ddp,
+    model: M,
+    optim: O,
+) -> Result<(M, O, TrainingState)>
+where
+    B: AutodiffBackend,
+    M: AutodiffModule<B>,
+    O: Optimizer<M, B>,
+{
+    let device = model.devices().into_iter().next().unwrap_or_default();
+    let (model, record, state) =
+        load_parts::<B, M, _>(path.as_ref(), ddp, model, |dir, manifest| {
+            expect_optimizer(dir, manifest, OptimizerState::Record)?;
+            let entry = manifest.record_entry(dir)?;
+            let bytes = files::read_verified(dir, entry)?;
+            BinBytesRecorder::<FullPrecisionSettings>::default()
+                .load::<O::Record>(bytes, &device)
+                .map_err(|e| {
+                    CheckpointError::corrupt(
+                        dir.join(OPTIMIZER_FILE),
+                        format!("not a record of this optimizer: {e}"),
+                    )
+                })
+        })?;
+    Ok((model, optim.load_record(record), state))
+}
+
+/// The checkpoint must hold the optimizer state that the caller loads.
+fn expect_optimizer(dir: &Path, manifest: &Manifest, expected: OptimizerState) -> Result<()> {
+    if manifest.optimizer == expected {
+        return Ok(());
+    }
+    let reason = match manifest.optimizer {
+        OptimizerState::Shards => {
+            "holds ZeroAdam shards (saved with `checkpoint::save`): load it with `checkpoint::load`"
+        }
+        OptimizerState::Record => {
+            "holds a Burn optimizer's record (saved with `checkpoint::save_optimizer`): load it \
+             with `checkpoint::load_optimizer`"
+        }
+    };
+    Err(CheckpointError::Mismatch {
+        dir: dir.to_path_buf(),
+        reason: reason.into(),
+    })
+}
+
+/// What [`load`] and [`load_optimizer`] share: the manifest, the model, the agreement of every
+/// rank, the bucket order and the random stream; `optimizer` reads the optimizer's part on
+/// each rank before anything changes.
+fn load_parts<B: AutodiffBackend, M: AutodiffModule<B>, T>(
+    path: &Path,
+    ddp: &Ddp,
+    model: M,
+    optimizer: impl FnOnce(&Path, &Manifest) -> Result<T>,
+) -> Result<(M, T, TrainingState)> {
     let (comm, rank) = (ddp.communicator(), ddp.rank());
     let _span = tracing::info_span!("checkpoint load", rank).entered();
     let local = (|| {
-        let dir = resolve(path.as_ref())?;
+        let dir = resolve(path)?;
         let manifest = Manifest::read(&dir)?;
         check_fits(&dir, &manifest, ddp.params())?;
         let entry = manifest.model_entry(&dir)?;
         let bytes = files::read_verified(&dir, entry)?;
         let model = weights::overwrite::<B, M>(model, &dir.join(entry.defined_name()), &bytes)?;
-        let shard = assemble_shard(&dir, &manifest, zero.layout(), rank)?;
-        Ok((dir, manifest, model, shard))
+        let part = optimizer(&dir, &manifest)?;
+        Ok((dir, manifest, model, part))
     })();
-    let (dir, manifest, model, shard) = agree(comm, local)?;
+    let (dir, manifest, model, part) = agree(comm, local)?;
 
     // Every rank must have loaded the same step (a save racing with the resolution of
     // `latest` could make them differ).
@@ -198,7 +272,6 @@ pub fn load<B: AutodiffBackend, M: AutodiffModule<B>>(
     let order: Vec<usize> = manifest.buckets.iter().flatten().copied().collect();
     ddp.adopt_bucket_order(&order)
         .map_err(|e| CheckpointError::corrupt(dir.join(MANIFEST), format!("buckets: {e}")))?;
-    zero.import(shard)?;
     ddp.seed(manifest.random.seed);
     ddp.set_step(manifest.random.step);
     tracing::info!(dir = %dir.display(), saved_world = manifest.world_size, "checkpoint loaded");
@@ -208,7 +281,7 @@ pub fn load<B: AutodiffBackend, M: AutodiffModule<B>>(
         scaler: manifest.scaler,
         random: manifest.random,
     };
-    Ok((ddp.mark(model), state))
+    Ok((ddp.mark(model), part, state))
 }
 
 /// The checkpoint's parameters must be the model's, in the same order.
@@ -335,6 +408,7 @@ impl FullState {
 pub fn read_full(path: impl AsRef<Path>) -> Result<FullState> {
     let dir = resolve(path)?;
     let manifest = Manifest::read(&dir)?;
+    expect_optimizer(&dir, &manifest, OptimizerState::Shards)?;
     let total = manifest.layout.total;
     let mut full = FullState {
         master: Vec::with_capacity(total),

@@ -5,14 +5,17 @@ use std::collections::HashMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use burn::module::Module;
-use burn::tensor::backend::Backend;
-use burn_dist::{Ddp, ParamInfo};
+use burn::module::{AutodiffModule, Module};
+use burn::optim::Optimizer;
+use burn::record::{BinBytesRecorder, FullPrecisionSettings, Recorder};
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn_dist::{Ddp, FlatLayout, ParamInfo};
 
 use super::agreement::{agree, gather_u64s};
 use super::error::{CheckpointError, Result, SaveStage};
 use super::manifest::{
-    self, FORMAT_VERSION, FileEntry, LayoutEntry, MANIFEST, MODEL_FILE, Manifest, ParamEntry,
+    self, FORMAT_VERSION, FileEntry, LayoutEntry, MANIFEST, MODEL_FILE, Manifest, OPTIMIZER_FILE,
+    OptimizerState, ParamEntry,
 };
 use super::{TrainingState, fault_points, files, shard_file, step_dir, weights};
 use crate::ZeroAdam;
@@ -34,10 +37,66 @@ pub fn save<B: Backend, M: Module<B>>(
     zero: &ZeroAdam,
     state: &TrainingState,
 ) -> Result<PathBuf> {
-    let dir = step_dir(&root, state.step);
+    save_parts::<B, M>(
+        root.as_ref(),
+        ddp,
+        model,
+        OptimizerPart::Shards(zero),
+        state,
+    )
+}
+
+/// [`save`] for any Burn optimizer (`AdamConfig::new().init()`, `ddp.optimizer(...)`, ...):
+/// the model, `optim`'s record and the training state under the same atomic manifest. The
+/// record is the same on every rank, so rank 0 alone writes it ([`OPTIMIZER_FILE`], Burn's
+/// binary format at full precision). A collective, like [`save`]; load it with
+/// [`super::load_optimizer`], at any world size.
+pub fn save_optimizer<B, M, O>(
+    root: impl AsRef<Path>,
+    ddp: &Ddp,
+    model: &M,
+    optim: &O,
+    state: &TrainingState,
+) -> Result<PathBuf>
+where
+    B: AutodiffBackend,
+    M: AutodiffModule<B>,
+    O: Optimizer<M, B>,
+{
+    // Encoded here, but a failure is reported in the write stage, where every rank agrees on it.
+    let record = (ddp.rank() == 0).then(|| {
+        BinBytesRecorder::<FullPrecisionSettings>::default()
+            .record(optim.to_record(), ())
+            .map_err(|e| e.to_string())
+    });
+    save_parts::<B, M>(
+        root.as_ref(),
+        ddp,
+        model,
+        OptimizerPart::Record(record),
+        state,
+    )
+}
+
+/// What a checkpoint saves of the optimizer.
+enum OptimizerPart<'a> {
+    /// Every rank writes its ZeroAdam shard.
+    Shards(&'a ZeroAdam),
+    /// Rank 0 writes the record: its encoding, `Some` on rank 0 only.
+    Record(Option<std::result::Result<Vec<u8>, String>>),
+}
+
+fn save_parts<B: Backend, M: Module<B>>(
+    root: &Path,
+    ddp: &Ddp,
+    model: &M,
+    optimizer: OptimizerPart<'_>,
+    state: &TrainingState,
+) -> Result<PathBuf> {
+    let dir = step_dir(root, state.step);
     let _span =
         tracing::info_span!("checkpoint save", rank = ddp.rank(), step = state.step).entered();
-    let saved = save_stages::<B, M>(root.as_ref(), &dir, ddp, model, zero, state);
+    let saved = save_stages::<B, M>(root, &dir, ddp, model, optimizer, state);
     if let Err(CheckpointError::Save { source, .. }) = &saved {
         if ddp.rank() == 0 {
             remove_incomplete(&dir);
@@ -63,7 +122,7 @@ fn save_stages<B: Backend, M: Module<B>>(
     dir: &Path,
     ddp: &Ddp,
     model: &M,
-    zero: &ZeroAdam,
+    optimizer: OptimizerPart<'_>,
     state: &TrainingState,
 ) -> Result<()> {
     let (comm, rank, step) = (ddp.communicator(), ddp.rank(), state.step);
@@ -98,12 +157,38 @@ fn save_stages<B: Backend, M: Module<B>>(
     })()
     .map_err(in_stage(SaveStage::Prepare))?;
 
-    // 2. Every rank writes its shard durably; rank 0 the weights too.
+    // 2. Every rank writes its shard durably (or rank 0 the optimizer record); rank 0 the
+    //    weights too.
+    let kind = match optimizer {
+        OptimizerPart::Shards(_) => OptimizerState::Shards,
+        OptimizerPart::Record(_) => OptimizerState::Record,
+    };
+    let layout = match optimizer {
+        OptimizerPart::Shards(zero) => zero.layout().clone(),
+        // The parameters' flat order, for the manifest (a record has no shards).
+        OptimizerPart::Record(_) => {
+            let numels: Vec<usize> = ddp.params().iter().map(ParamInfo::numel).collect();
+            FlatLayout::new(&numels, ddp.world_size(), 1)
+        }
+    };
     let written = (|| {
-        let bytes = shard_file::encode(&zero.export());
-        write(&manifest::shard_file(rank), "shard", &bytes)?;
+        let (size, crc) = match &optimizer {
+            OptimizerPart::Shards(zero) => {
+                let bytes = shard_file::encode(&zero.export());
+                write(&manifest::shard_file(rank), "shard", &bytes)?;
+                files::fingerprint(&bytes)
+            }
+            OptimizerPart::Record(Some(encoded)) => {
+                let path = dir.join(OPTIMIZER_FILE);
+                let bytes = encoded
+                    .as_ref()
+                    .map_err(|reason| CheckpointError::corrupt(&path, reason.clone()))?;
+                write(OPTIMIZER_FILE, "optimizer", bytes)?;
+                files::fingerprint(bytes)
+            }
+            OptimizerPart::Record(None) => (0, 0),
+        };
         fault_points::pause_point("after-shard", rank, step);
-        let (size, crc) = files::fingerprint(&bytes);
         let model_entry = if rank == 0 {
             let (entry, bytes) = model_file::<B, M>(dir, model, step)?;
             write(MODEL_FILE, "model", &bytes)?;
@@ -120,13 +205,25 @@ fn save_stages<B: Backend, M: Module<B>>(
         let all = gather_u64s(comm, &[size, u64::from(crc)])?;
         let committed = if rank == 0 {
             let mut entries: Vec<FileEntry> = model_entry.into_iter().collect();
-            for (r, fingerprint) in all.iter().enumerate() {
-                entries.push(FileEntry {
-                    name: manifest::shard_file(r),
-                    rank: Some(r),
-                    bytes: fingerprint[0],
-                    crc32: fingerprint[1] as u32,
-                });
+            match kind {
+                OptimizerState::Shards => {
+                    for (r, fingerprint) in all.iter().enumerate() {
+                        entries.push(FileEntry {
+                            name: manifest::shard_file(r),
+                            rank: Some(r),
+                            bytes: fingerprint[0],
+                            crc32: fingerprint[1] as u32,
+                            optimizer_record: false,
+                        });
+                    }
+                }
+                OptimizerState::Record => entries.push(FileEntry {
+                    name: OPTIMIZER_FILE.into(),
+                    rank: None,
+                    bytes: all[0][0],
+                    crc32: all[0][1] as u32,
+                    optimizer_record: true,
+                }),
             }
             let manifest = Manifest {
                 format_version: FORMAT_VERSION,
@@ -135,7 +232,8 @@ fn save_stages<B: Backend, M: Module<B>>(
                 samples_consumed: state.samples_consumed,
                 scaler: state.scaler,
                 random: state.random,
-                layout: LayoutEntry::of(zero.layout()),
+                optimizer: kind,
+                layout: LayoutEntry::of(&layout),
                 buckets: ddp.next_layout().bucket_params(),
                 params: ddp.params().iter().map(param_entry).collect(),
                 files: entries,
@@ -240,6 +338,7 @@ fn model_file<B: Backend, M: Module<B>>(
         rank: None,
         bytes: size,
         crc32: crc,
+        optimizer_record: false,
     };
     Ok((entry, bytes))
 }

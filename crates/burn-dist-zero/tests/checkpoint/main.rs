@@ -1,7 +1,9 @@
 //! Sharded checkpoints: exact resume, resharding to other world sizes, refusal of damaged
 //! checkpoints, consolidation and atomicity; checkpoints as untrusted input (`untrusted.rs`);
-//! failing disks, ranks without a shared directory and retention (`disk.rs`).
+//! failing disks, ranks without a shared directory and retention (`disk.rs`); checkpoints of
+//! any Burn optimizer (`any_optimizer.rs`).
 
+mod any_optimizer;
 mod disk;
 mod untrusted;
 
