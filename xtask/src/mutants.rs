@@ -47,7 +47,7 @@ const GROUPS: &[Group] = &[
     Group {
         name: "zero-adam",
         package: "burn-dist-zero",
-        files: &["crates/burn-dist-zero/src/zero_adam.rs"],
+        files: &["crates/burn-dist-zero/src/shard.rs"],
         tests: &["--lib", "--test", "zero_adam", "--test", "loss_scaling"],
     },
     Group {
