@@ -223,6 +223,33 @@ fn device_state_exports_and_imports_exactly() {
         "the device round trip changed the state"
     );
 
+    // As a Burn record, through a recorder's bytes: into a fresh host optimizer and a fresh
+    // device one.
+    use burn::optim::Optimizer;
+    use burn::record::{BinBytesRecorder, FullPrecisionSettings, Recorder};
+    type Model = Mlp<OnWgpu>;
+    let recorder = BinBytesRecorder::<FullPrecisionSettings>::default();
+    let record = <burn_dist_zero::ZeroAdam as Optimizer<Model, OnWgpu>>::to_record(&on_device);
+    let bytes = Recorder::<OnWgpu>::record(&recorder, record, ()).unwrap();
+    let fresh = || {
+        ZeroAdamConfig::new()
+            .init::<OnWgpu, _>(&ddp, &model)
+            .unwrap()
+    };
+    let load = |zero| {
+        let record = Recorder::<OnWgpu>::load(&recorder, bytes.clone(), &device).unwrap();
+        <burn_dist_zero::ZeroAdam as Optimizer<Model, OnWgpu>>::load_record(zero, record)
+    };
+    assert!(
+        load(fresh()).export() == shard,
+        "device record into the host"
+    );
+    let device_again = load(fresh().on_device::<Wgpu>(&ddp, &device).unwrap());
+    assert!(
+        device_again.export() == shard,
+        "device record into the device"
+    );
+
     // Uneven per-parameter step counts cannot live in the device's single counter.
     shard.time[0] = 4;
     let error = on_device.import(shard).unwrap_err().to_string();
