@@ -27,8 +27,73 @@ pub enum ZeroError {
         got: usize,
         got_elements: usize,
     },
-    #[error("{0}")]
-    Usage(String),
+    /// ZeroAdam was built before `Ddp::prepare`.
+    #[error("call `Ddp::prepare(model)` before building ZeroAdam")]
+    NotPrepared,
+    #[error(
+        "ZeRO stage {stage} is not supported: use 1 (sharded optimizer state) or 2 (sharded \
+         optimizer state and gradients)"
+    )]
+    UnsupportedStage { stage: u8 },
+    /// `ZeroAdam::on_device` with a `Ddp` that is not on the device path of that runtime.
+    #[error(
+        "ZeroAdam's device state needs the `Ddp` on the device path of the same runtime \
+         (`Ddp::init_staged::<B>` or `Ddp::init_nccl::<B>` with B = {backend})"
+    )]
+    NotOnDevicePath { backend: &'static str },
+    /// The device step writes one dtype for the whole model.
+    #[error(
+        "the device step writes one dtype for the whole model, but {first} is {first_dtype} and \
+         {other} is {other_dtype}"
+    )]
+    MixedDtypes {
+        first: String,
+        first_dtype: String,
+        other: String,
+        other_dtype: String,
+    },
+    /// The device step cannot handle this dtype (on this runtime).
+    #[error("the device step handles f32, f16 and bf16 {what}; {dtype} is not supported{on}")]
+    UnsupportedDtype {
+        what: &'static str,
+        dtype: String,
+        /// `" on <runtime>"` when the runtime lacks the type, else empty.
+        on: String,
+    },
+    /// The device keeps one step count, but the parameters' counts differ.
+    #[error(
+        "the fused device step keeps one count for all parameters' steps, but {param} has taken \
+         {steps} steps and {first} has taken {first_steps} (use the host path)"
+    )]
+    UnevenStepCounts {
+        param: String,
+        steps: u32,
+        first: String,
+        first_steps: u32,
+    },
+    /// A shard given to `ZeroAdam::import` is not this rank's.
+    #[error(
+        "optimizer shard of rank {rank} ({shard_len} elements per shard over {world} ranks) does \
+         not fit rank {expected_rank} ({expected_shard_len} per shard over {expected_world})"
+    )]
+    ShardMismatch {
+        rank: usize,
+        shard_len: usize,
+        world: usize,
+        expected_rank: usize,
+        expected_shard_len: usize,
+        expected_world: usize,
+    },
+    /// The fused device step got no gradient for a parameter.
+    #[error(
+        "the fused device step needs a gradient for every parameter, and {param} has none in \
+         this step (no rank used it)"
+    )]
+    MissingGradient { param: String },
+    /// A gradient (or the reducer's gradient shard) of another backend or shape than the
+    /// device state's.
+    #[error("ZeroAdam's device state was built for `{expected}`; {got}")]
+    WrongGradient { expected: &'static str, got: String },
 }
 
 pub type Result<T, E = ZeroError> = std::result::Result<T, E>;

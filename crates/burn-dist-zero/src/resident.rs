@@ -87,9 +87,11 @@ impl<B: CubeResident> Resident<B> {
         let client = B::Runtime::client(&device);
         let fused = FusedAdam::new(client.clone());
         let flat_dtype = burn_dist::device_dtype(dtype).ok_or_else(|| {
-            ZeroError::Usage(format!(
-                "the device step writes f32, f16 or bf16 parameters; the model's are {dtype:?}"
-            ))
+            ZeroError::UnsupportedDtype {
+                what: "parameters",
+                dtype: format!("{dtype:?}"),
+                on: String::new(),
+            }
         })?;
         let model_dtype = match flat_dtype {
             DeviceDType::F32 => ModelDtype::F32,
@@ -97,11 +99,11 @@ impl<B: CubeResident> Resident<B> {
             DeviceDType::BF16 => ModelDtype::Bf16,
         };
         if !fused.supports(model_dtype) {
-            return Err(ZeroError::Usage(format!(
-                "the device step cannot write {flat_dtype} parameters on {}: its runtime has no \
-                 {flat_dtype} type",
-                B::Runtime::name(&client)
-            )));
+            return Err(ZeroError::UnsupportedDtype {
+                what: "parameters",
+                dtype: flat_dtype.to_string(),
+                on: format!(" on {}, whose runtime has no such type", B::Runtime::name(&client)),
+            });
         }
         let zeros = vec![0.0; master.len()];
         let buffers = fused.upload(master, m, v, steps_taken, &zeros, 1.0, model_dtype);
@@ -150,10 +152,10 @@ impl<B: CubeResident> ResidentState for Resident<B> {
         let grad = grad
             .downcast_ref::<B::FloatTensorPrimitive>()
             .ok_or_else(|| {
-                ZeroError::Usage(format!(
-                    "ZeroAdam's device state was built for `{}`; a gradient is of another backend",
-                    std::any::type_name::<B::FloatTensorPrimitive>()
-                ))
+                ZeroError::WrongGradient {
+                    expected: std::any::type_name::<B::FloatTensorPrimitive>(),
+                    got: "a gradient is of another backend".into(),
+                }
             })?;
         let (view, _) = B::cube_view(grad);
         let view = if view.is_contiguous() {
@@ -176,14 +178,20 @@ impl<B: CubeResident> ResidentState for Resident<B> {
     fn gradient_shard(&mut self, shard: Box<dyn Any>) -> Result<()> {
         let shard = shard
             .downcast::<CubeTensor<B::Runtime>>()
-            .map_err(|_| ZeroError::Usage("a gradient shard of another runtime".into()))?;
+            .map_err(|_| ZeroError::WrongGradient {
+                expected: std::any::type_name::<CubeTensor<B::Runtime>>(),
+                got: "the reducer's gradient shard is of another runtime".into(),
+            })?;
         let len = shard.meta.shape().num_elements();
         if len != self.layout.shard_len || shard.dtype != DType::F32 || !shard.is_contiguous() {
-            return Err(ZeroError::Usage(format!(
-                "the reducer's gradient shard ({len} elements of {:?}) does not fit this rank's \
-                 optimizer shard ({} f32)",
-                shard.dtype, self.layout.shard_len
-            )));
+            return Err(ZeroError::WrongGradient {
+                expected: std::any::type_name::<CubeTensor<B::Runtime>>(),
+                got: format!(
+                    "the reducer's gradient shard ({len} elements of {:?}) does not fit this \
+                     rank's optimizer shard ({} f32)",
+                    shard.dtype, self.layout.shard_len
+                ),
+            });
         }
         // The reducer hands it over: nothing else holds it, and pass 1 unscales it in place.
         self.buffers.grads = shard.handle;
@@ -270,9 +278,11 @@ impl<B: CubeResident> ResidentState for Resident<B> {
 
 fn device_dtype(dtype: DType) -> Result<DeviceDType> {
     burn_dist::device_dtype(dtype).ok_or_else(|| {
-        ZeroError::Usage(format!(
-            "the device step reads f32, f16 or bf16 gradients; one is {dtype:?}"
-        ))
+        ZeroError::UnsupportedDtype {
+            what: "gradients",
+            dtype: format!("{dtype:?}"),
+            on: String::new(),
+        }
     })
 }
 

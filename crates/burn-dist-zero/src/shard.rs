@@ -88,16 +88,12 @@ impl Shard {
     ) -> Result<Self> {
         let params = ddp.params().to_vec();
         if params.is_empty() {
-            return Err(ZeroError::Usage(
-                "call `Ddp::prepare(model)` before building ZeroAdam".into(),
-            ));
+            return Err(ZeroError::NotPrepared);
         }
         if !(1..=2).contains(&config.stage) {
-            return Err(ZeroError::Usage(format!(
-                "ZeRO stage {} is not supported: use 1 (sharded optimizer state) or 2 (sharded \
-                 optimizer state and gradients)",
-                config.stage
-            )));
+            return Err(ZeroError::UnsupportedStage {
+                stage: config.stage,
+            });
         }
         let numels: Vec<usize> = params.iter().map(ParamInfo::numel).collect();
         let layout = FlatLayout::new(&numels, ddp.world_size(), config.align);
@@ -150,19 +146,18 @@ impl Shard {
         device: &D::Device,
     ) -> Result<()> {
         let collectives = ddp.device_collectives::<D::Runtime>().ok_or_else(|| {
-            ZeroError::Usage(format!(
-                "ZeroAdam's device state needs the `Ddp` on the device path of the same runtime \
-                 (`Ddp::init_staged::<B>` or `Ddp::init_nccl::<B>` with B = {})",
-                std::any::type_name::<D>()
-            ))
+            ZeroError::NotOnDevicePath {
+                backend: std::any::type_name::<D>(),
+            }
         })?;
         let dtype = self.params[0].dtype;
         if let Some(other) = self.params.iter().find(|p| p.dtype != dtype) {
-            return Err(ZeroError::Usage(format!(
-                "the device step writes one dtype for the whole model, but {} is {:?} and {} is \
-                 {:?}",
-                self.params[0].name, dtype, other.name, other.dtype
-            )));
+            return Err(ZeroError::MixedDtypes {
+                first: self.params[0].name.clone(),
+                first_dtype: format!("{dtype:?}"),
+                other: other.name.clone(),
+                other_dtype: format!("{:?}", other.dtype),
+            });
         }
         let steps = self.uniform_step_count(&self.time)?;
         let resident = Resident::<D>::new(
@@ -193,11 +188,12 @@ impl Shard {
         let first = time.first().copied().unwrap_or(0);
         match time.iter().position(|&t| t != first) {
             None => Ok(first),
-            Some(i) => Err(ZeroError::Usage(format!(
-                "the fused device step keeps one count for all parameters' steps, but {} has \
-                 taken {} steps and {} has taken {first} (use the host path)",
-                self.params[i].name, time[i], self.params[0].name
-            ))),
+            Some(i) => Err(ZeroError::UnevenStepCounts {
+                param: self.params[i].name.clone(),
+                steps: time[i],
+                first: self.params[0].name.clone(),
+                first_steps: first,
+            }),
         }
     }
 
@@ -222,16 +218,14 @@ impl Shard {
 
     pub(crate) fn import(&mut self, shard: OptimizerShard) -> Result<()> {
         if shard.layout != self.layout || shard.rank != self.comm.rank() {
-            return Err(ZeroError::Usage(format!(
-                "optimizer shard of rank {} ({} elements per shard over {} ranks) does not fit rank {} \
-                 ({} per shard over {})",
-                shard.rank,
-                shard.layout.shard_len,
-                shard.layout.world,
-                self.comm.rank(),
-                self.layout.shard_len,
-                self.layout.world
-            )));
+            return Err(ZeroError::ShardMismatch {
+                rank: shard.rank,
+                shard_len: shard.layout.shard_len,
+                world: shard.layout.world,
+                expected_rank: self.comm.rank(),
+                expected_shard_len: self.layout.shard_len,
+                expected_world: self.layout.world,
+            });
         }
         #[cfg(feature = "device")]
         if self.device.is_some() {
@@ -415,11 +409,9 @@ impl Shard {
             gather.has_grad
         };
         if let Some(p) = has_grad.iter().position(|&h| !h) {
-            return Err(ZeroError::Usage(format!(
-                "the fused device step needs a gradient for every parameter, and {} has none in \
-                 this step (no rank used it)",
-                self.params[p].name
-            )));
+            return Err(ZeroError::MissingGradient {
+                param: self.params[p].name.clone(),
+            });
         }
         // 2. Agree on found-inf and the global norm (two scalars each way).
         let (found_inf, sum_sq) = device.check(inv_scale)?;
