@@ -11,7 +11,8 @@ use clap::Parser;
 /// MASTER_PORT and BURN_DIST_TOKEN in its environment, and RAYON_NUM_THREADS and OMP_NUM_THREADS
 /// set to its share of the cores (cores / N, at least 1) unless they are already set. Its output
 /// is prefixed with `[rank R]`.
-/// When one rank fails, the others are stopped and the launcher exits with the failed rank's code.
+/// When one rank fails, the others are stopped and the launcher exits with the failed rank's code,
+/// or, with `--max-restarts`, starts every rank again (BURN_DIST_RESTART_COUNT says which start).
 #[derive(Debug, Parser)]
 #[command(
     name = "burn-dist-run",
@@ -38,6 +39,26 @@ pub struct Args {
     /// Port of the rendezvous store on the master; 0 picks a free port (single node only).
     #[arg(long, default_value_t = 29500, value_name = "PORT")]
     pub master_port: u16,
+
+    /// One node on loopback with a free port: the same as `--nnodes 1 --master-addr 127.0.0.1
+    /// --master-port 0`.
+    #[arg(long, conflicts_with_all = ["nnodes", "node_rank", "master_addr", "master_port"])]
+    pub standalone: bool,
+
+    /// When a rank fails, stop every rank and start them all again, at most this many times.
+    /// The program finds its newest checkpoint itself; BURN_DIST_RESTART_COUNT tells it which
+    /// restart this is. A start that fails the same way as the one before ends the job.
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    pub max_restarts: u32,
+
+    /// Show only these local ranks' output (e.g. `0` or `0,3`); the others' goes to
+    /// `<log-dir>/attempt-<restart>/rank-<R>.log`.
+    #[arg(long, value_delimiter = ',', value_name = "RANKS")]
+    pub local_ranks_filter: Option<Vec<u32>>,
+
+    /// Where `--local-ranks-filter` puts the output of the ranks it hides.
+    #[arg(long, default_value = "burn-dist-logs", value_name = "DIR")]
+    pub log_dir: std::path::PathBuf,
 
     /// Seconds the other ranks get to exit on their own after one fails, and again after SIGTERM
     /// before SIGKILL.

@@ -12,6 +12,23 @@ pub enum LaunchError {
     NoNodes,
 
     #[error(
+        "--local-ranks-filter: local rank {local_rank} does not exist: with --nproc-per-node \
+         {nproc_per_node} local ranks go from 0 to {}",
+        nproc_per_node - 1
+    )]
+    FilteredRankOutOfRange {
+        local_rank: u32,
+        nproc_per_node: u32,
+    },
+
+    #[error("cannot create the log file {path} for rank {rank} (--log-dir): {source}")]
+    LogFile {
+        rank: u64,
+        path: std::path::PathBuf,
+        source: io::Error,
+    },
+
+    #[error(
         "--node-rank {node_rank} is out of range: with --nnodes {nnodes} it must be below {nnodes}"
     )]
     NodeRankOutOfRange { node_rank: u32, nnodes: u32 },
@@ -83,6 +100,7 @@ impl LaunchError {
         match self {
             LaunchError::NoProcesses
             | LaunchError::NoNodes
+            | LaunchError::FilteredRankOutOfRange { .. }
             | LaunchError::NodeRankOutOfRange { .. }
             | LaunchError::PortZeroMultiNode { .. }
             | LaunchError::LoopbackMasterMultiNode { .. }
@@ -93,6 +111,7 @@ impl LaunchError {
             LaunchError::TokenRandomness(_)
             | LaunchError::PickPort { .. }
             | LaunchError::Spawn { .. }
+            | LaunchError::LogFile { .. }
             | LaunchError::SignalHandlers(_) => 1,
         }
     }

@@ -3,10 +3,11 @@
 
 use std::ffi::OsString;
 use std::net::{IpAddr, Ipv4Addr, TcpListener};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use burn_dist_comm::ThreadShare;
-use burn_dist_comm::env::{MAX_WORLD_SIZE, resolve_master};
+use burn_dist_comm::env::{MAX_WORLD_SIZE, RESTART_VAR, resolve_master};
 
 use crate::cli::Args;
 use crate::error::LaunchError;
@@ -23,12 +24,21 @@ pub struct Job {
     pub master_addr: String,
     /// Never 0: a requested 0 has been replaced by a free port.
     pub master_port: u16,
+    /// The port asked for; 0 picks a new free port at every restart.
+    pub requested_port: u16,
     pub token: OsString,
     pub command: Vec<OsString>,
     pub grace: Duration,
     /// Each rank's share of this node's cores, for the thread-count variables the user left
     /// unset.
     pub threads: ThreadShare,
+    pub max_restarts: u32,
+    /// Which start of the job this is: 0, then 1 after the first restart, ...
+    pub restart: u32,
+    /// The local ranks whose output is shown (`--local-ranks-filter`); None: all.
+    pub shown: Option<Vec<u32>>,
+    /// Where the hidden ranks' output goes.
+    pub log_dir: PathBuf,
 }
 
 impl Job {
@@ -36,6 +46,7 @@ impl Job {
     /// cores. `env_token` is the launcher's own BURN_DIST_TOKEN, passed in so tests need not
     /// touch the process environment.
     pub fn from_args(args: Args, env_token: Option<OsString>) -> Result<Job, LaunchError> {
+        let args = standalone(args);
         validate(&args)?;
         let threads = ThreadShare::from_env(args.nproc_per_node as usize);
         // The token check comes before picking a port: it is a usage error and costs no I/O.
@@ -47,11 +58,41 @@ impl Job {
             node_rank: args.node_rank,
             master_addr: args.master_addr,
             master_port,
+            requested_port: args.master_port,
             token,
             command: args.command,
             grace: Duration::from_secs(args.stop_grace_secs),
             threads,
+            max_restarts: args.max_restarts,
+            restart: 0,
+            shown: args.local_ranks_filter,
+            log_dir: args.log_dir,
         })
+    }
+
+    /// The job's next start: the restart count one higher and, where the port was left to the
+    /// launcher, a new free port (the old one may still be held by a process of the failed
+    /// start that is slow to die).
+    pub fn restarted(&self) -> Result<Job, LaunchError> {
+        Ok(Job {
+            restart: self.restart + 1,
+            master_port: resolve_port(&self.master_addr, self.requested_port)?,
+            ..self.clone()
+        })
+    }
+
+    /// Whether local rank `local_rank`'s output is shown (else it goes to its log file).
+    pub fn shows(&self, local_rank: u32) -> bool {
+        self.shown
+            .as_ref()
+            .is_none_or(|shown| shown.contains(&local_rank))
+    }
+
+    /// The log file of local rank `local_rank` in this start, for a rank whose output is hidden.
+    pub fn log_file(&self, local_rank: u32) -> PathBuf {
+        self.log_dir
+            .join(format!("attempt-{}", self.restart))
+            .join(format!("rank-{}.log", self.global_rank(local_rank)))
     }
 
     pub fn world_size(&self) -> u64 {
@@ -76,15 +117,38 @@ impl Job {
             ("MASTER_ADDR", self.master_addr.clone().into()),
             ("MASTER_PORT", self.master_port.to_string().into()),
             (TOKEN_VAR, self.token.clone()),
+            (RESTART_VAR, self.restart.to_string().into()),
         ];
         env.extend(threads);
         env
     }
 }
 
+/// `--standalone` is one node on loopback with a port the launcher picks (clap has already
+/// refused it together with the options it sets).
+fn standalone(args: Args) -> Args {
+    if !args.standalone {
+        return args;
+    }
+    Args {
+        nnodes: 1,
+        node_rank: 0,
+        master_addr: Ipv4Addr::LOCALHOST.to_string(),
+        master_port: 0,
+        ..args
+    }
+}
+
 fn validate(args: &Args) -> Result<(), LaunchError> {
     if args.nproc_per_node == 0 {
         return Err(LaunchError::NoProcesses);
+    }
+    let filter = args.local_ranks_filter.iter().flatten();
+    if let Some(&local_rank) = filter.into_iter().find(|&&r| r >= args.nproc_per_node) {
+        return Err(LaunchError::FilteredRankOutOfRange {
+            local_rank,
+            nproc_per_node: args.nproc_per_node,
+        });
     }
     if args.nnodes == 0 {
         return Err(LaunchError::NoNodes);
@@ -254,6 +318,60 @@ mod tests {
             assert!(err.to_string().contains(named), "{cli:?}: {err}");
             assert_eq!(err.exit_code(), 2);
         }
+    }
+
+    #[test]
+    fn the_restart_count_reaches_every_rank_and_port_zero_is_picked_again() {
+        let job = Job::from_args(args(&["--standalone", "--", "x"]), None).unwrap();
+        assert_eq!((job.nnodes, job.master_addr.as_str()), (1, "127.0.0.1"));
+        assert_eq!(env_of(&job, 0, RESTART_VAR), "0");
+        let next = job.restarted().unwrap();
+        assert_eq!(env_of(&next, 0, RESTART_VAR), "1");
+        assert_eq!(next.requested_port, 0);
+        assert_ne!(next.master_port, 0);
+        assert_eq!(
+            next.token, job.token,
+            "the job keeps its token across restarts"
+        );
+        let fixed = Job::from_args(args(&["--master-port", "29999", "--", "x"]), None).unwrap();
+        assert_eq!(fixed.restarted().unwrap().master_port, 29999);
+    }
+
+    #[test]
+    fn standalone_with_the_options_it_sets_is_refused() {
+        for option in ["--nnodes", "--master-port", "--master-addr", "--node-rank"] {
+            let cli = ["burn-dist-run", "--standalone", option, "1", "--", "x"];
+            let err = Args::try_parse_from(cli).expect_err("accepted");
+            assert!(err.to_string().contains("cannot be used with"), "{err}");
+        }
+    }
+
+    #[test]
+    fn a_filtered_rank_that_does_not_exist_is_named() {
+        let cli = [
+            "--nproc-per-node",
+            "2",
+            "--local-ranks-filter",
+            "0,2",
+            "--",
+            "x",
+        ];
+        let err = Job::from_args(args(&cli), None).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                LaunchError::FilteredRankOutOfRange { local_rank: 2, .. }
+            ),
+            "{err}"
+        );
+        assert!(
+            err.to_string()
+                .starts_with("--local-ranks-filter: local rank 2")
+        );
+        let job = Job::from_args(args(&["--local-ranks-filter", "0", "--", "x"]), None).unwrap();
+        assert!(job.shows(0));
+        let all = Job::from_args(args(&["--nproc-per-node", "2", "--", "x"]), None).unwrap();
+        assert!(all.shows(1));
     }
 
     #[test]
