@@ -2,6 +2,9 @@
 //! from the newest complete checkpoint in `--checkpoint-dir` if there is one (at any world
 //! size). Used by the crash tests; also the shortest complete example of the ZeRO stack.
 //!
+//! Under `burn-dist-run --max-restarts N` it needs nothing more to survive a crash: every start
+//! resumes from the newest complete checkpoint.
+//!
 //! Rank 0 prints one line per step, `step S samples N loss BITS (LOSS)`: the step, the data
 //! position it trains at (samples consumed by all ranks before it) and its local loss, with the
 //! loss's f32 bits, so that a test can see exactly where a resumed run starts.
@@ -52,6 +55,32 @@ struct Args {
     /// Rank 0 writes the final parameters here (little-endian f32, tensors in visit order).
     #[arg(long)]
     out: Option<PathBuf>,
+    /// For the restart tests: in start RESTART of the job (0: the first), rank RANK announces
+    /// `paused after step STEP on rank RANK (pid P)` once step STEP is done and waits to be
+    /// killed. Repeatable.
+    #[arg(long, value_name = "RESTART:RANK:STEP", value_parser = pause_point)]
+    pause_after: Vec<Pause>,
+}
+
+/// A point `--pause-after` names.
+#[derive(Clone, Copy, PartialEq)]
+struct Pause {
+    restart: usize,
+    rank: usize,
+    step: u64,
+}
+
+fn pause_point(text: &str) -> Result<Pause, String> {
+    let bad = || format!("{text:?} is not RESTART:RANK:STEP (three non-negative integers)");
+    let parts: Vec<&str> = text.split(':').collect();
+    let [restart, rank, step] = parts[..] else {
+        return Err(bad());
+    };
+    Ok(Pause {
+        restart: restart.parse().map_err(|_| bad())?,
+        rank: rank.parse().map_err(|_| bad())?,
+        step: step.parse().map_err(|_| bad())?,
+    })
 }
 
 fn main() -> ExitCode {
@@ -70,6 +99,10 @@ fn run(args: Args) -> Result<(), String> {
     let pid = std::process::id();
     let announced_rank = std::env::var("RANK").unwrap_or_default();
     eprintln!("rank {announced_rank}: starting (pid {pid})");
+    // Which start of the job this is (burn-dist-run --max-restarts, or torchrun): a restarted
+    // job needs no other hint, as it resumes from the newest checkpoint below.
+    let restart = burn_dist_comm::env::restart_count().map_err(|e| e.to_string())?;
+    eprintln!("rank {announced_rank}: restart {restart} (pid {pid})");
     let mut ddp = Ddp::init(DdpConfig::new()).map_err(|e| format!("joining the job: {e}"))?;
     let (rank, world) = (ddp.rank(), ddp.world_size());
     let fail = |e: &dyn std::fmt::Display| format!("rank {rank}: {e}");
@@ -123,6 +156,17 @@ fn run(args: Args) -> Result<(), String> {
         samples += batch_samples;
         let done = step + 1;
         eprintln!("rank {rank}: step {done} done (pid {pid})");
+        let here = Pause {
+            restart,
+            rank,
+            step: done,
+        };
+        if args.pause_after.contains(&here) {
+            eprintln!("paused after step {done} on rank {rank} (pid {pid})");
+            loop {
+                std::thread::park();
+            }
+        }
         if done % args.checkpoint_every == 0 {
             let state = TrainingState::new(done, samples);
             let dir = checkpoint::save(&args.checkpoint_dir, &ddp, &model, &zero, &state)
