@@ -131,9 +131,9 @@ impl<'a, B: AutodiffBackend> Trainer<'a, B> {
 
         // Resume: weights, optimizer shards (resharded to this world size), random stream,
         // loss scale and data position.
-        let (model, start, consumed) = match (&args.resume, &mut optim) {
+        let (model, start, consumed) = match (args.resume_path()?, &mut optim) {
             (Some(path), Optim::Zero(zero)) => {
-                let (model, state) = checkpoint::load(path, ddp, model, zero)
+                let (model, state) = checkpoint::load(&path, ddp, model, zero)
                     .map_err(|e| format!("--resume {}: {e}", path.display()))?;
                 scaler = scaler.map(|s| state.restore_scaler(s));
                 (model, state.step, state.samples_consumed)
@@ -256,8 +256,14 @@ impl<'a, B: AutodiffBackend> Trainer<'a, B> {
                 OptimizerKind::Adamw => String::new(),
             }
         ));
-        if self.start > 0 {
-            self.say(format!("resumed at step {}", self.start));
+        // Under `burn-dist-run --max-restarts` (or torchrun), which start of the job this is.
+        // A malformed value was already refused when the rank joined the job.
+        let restart = burn_dist_comm::env::restart_count().unwrap_or(0);
+        match (self.start, restart) {
+            (0, 0) => {}
+            (0, n) => self.say(format!("restart {n}: no checkpoint yet, starting afresh")),
+            (step, 0) => self.say(format!("resumed at step {step}")),
+            (step, n) => self.say(format!("restart {n}: resumed at step {step}")),
         }
     }
 
