@@ -24,13 +24,19 @@ pub struct Args {
     #[arg(long, default_value_t = 1, value_name = "N")]
     pub nproc_per_node: u32,
 
-    /// Nodes in the job.
-    #[arg(long, default_value_t = 1, value_name = "N")]
-    pub nnodes: u32,
+    /// Nodes in the job: N, or MIN:MAX for an elastic job whose launchers meet at
+    /// --master-addr:--master-port before every start and are numbered there.
+    #[arg(long, default_value = "1", value_name = "N|MIN:MAX")]
+    pub nnodes: String,
 
-    /// This node's index, from 0 to nnodes - 1.
-    #[arg(long, default_value_t = 0, value_name = "R")]
-    pub node_rank: u32,
+    /// This node's index, from 0 to nnodes - 1 (default 0); not with --nnodes MIN:MAX.
+    #[arg(long, value_name = "R")]
+    pub node_rank: Option<u32>,
+
+    /// With --nnodes MIN:MAX: how long a round of the rendezvous waits for more nodes once MIN
+    /// have joined.
+    #[arg(long, default_value_t = 10, value_name = "S")]
+    pub rdzv_last_call_secs: u64,
 
     /// Address of the node that runs rank 0; every rank connects there.
     #[arg(long, default_value = "127.0.0.1", value_name = "ADDR")]

@@ -82,6 +82,18 @@ pub enum LaunchError {
     #[error("cannot pick a free port on --master-addr {addr}: {source}")]
     PickPort { addr: String, source: io::Error },
 
+    #[error("elastic rendezvous at {addr}: {problem}")]
+    Rendezvous { addr: String, problem: String },
+
+    #[error("--nnodes {text}: {problem} (a node count N, or MIN:MAX for an elastic job)")]
+    BadNodeCount { text: String, problem: String },
+
+    #[error(
+        "--node-rank cannot be used with --nnodes MIN:MAX: the elastic rendezvous numbers the \
+         nodes"
+    )]
+    NodeRankWithElastic,
+
     #[error("cannot start rank {rank} (`{program}`): {source}")]
     Spawn {
         rank: u64,
@@ -101,6 +113,8 @@ impl LaunchError {
             LaunchError::NoProcesses
             | LaunchError::NoNodes
             | LaunchError::FilteredRankOutOfRange { .. }
+            | LaunchError::BadNodeCount { .. }
+            | LaunchError::NodeRankWithElastic
             | LaunchError::NodeRankOutOfRange { .. }
             | LaunchError::PortZeroMultiNode { .. }
             | LaunchError::LoopbackMasterMultiNode { .. }
@@ -112,6 +126,7 @@ impl LaunchError {
             | LaunchError::PickPort { .. }
             | LaunchError::Spawn { .. }
             | LaunchError::LogFile { .. }
+            | LaunchError::Rendezvous { .. }
             | LaunchError::SignalHandlers(_) => 1,
         }
     }

@@ -6,6 +6,7 @@ mod cli;
 mod error;
 mod job;
 mod output;
+mod rendezvous;
 mod restarts;
 mod signals;
 mod spawn;
@@ -14,13 +15,18 @@ mod supervise;
 mod waiter;
 
 use std::io::Write;
+use std::net::SocketAddr;
+use std::os::unix::ffi::OsStrExt;
 use std::process::ExitCode;
 use std::sync::mpsc;
+use std::time::Duration;
+
+use burn_dist_comm::env::resolve_master;
 
 use clap::Parser;
 
 use crate::error::LaunchError;
-use crate::job::{Job, TOKEN_VAR};
+use crate::job::{Elastic, Job, TOKEN_VAR};
 use crate::restarts::{Next, Restarts};
 use crate::supervise::Supervisor;
 
@@ -43,8 +49,18 @@ fn run(args: cli::Args) -> i32 {
     // Once, before the ranks' own output.
     eprintln!("burn-dist-run: {}", job.threads);
     announce_hidden_output(&job);
+    let hosting = match host_rendezvous(&job) {
+        Ok(hosting) => hosting,
+        Err(err) => return report(err),
+    };
     let mut restarts = Restarts::new(job.max_restarts);
     loop {
+        if job.elastic.is_some() {
+            job = match meet(&job, hosting) {
+                Ok(job) => job,
+                Err(err) => return report(err),
+            };
+        }
         let mut supervisor = Supervisor::new(received, job.grace, job.restart);
         let outcome = match start(&job, &events, &mut supervisor) {
             Ok(()) => supervisor.run(),
@@ -68,6 +84,59 @@ fn run(args: cli::Args) -> i32 {
         eprintln!("burn-dist-run: exiting with code {code}");
     }
     code
+}
+
+/// How long a launcher of an elastic job waits for a round of the rendezvous to close.
+const JOIN_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// For an elastic job, hosts its rendezvous if this launcher is the first on its address;
+/// returns whether it does.
+fn host_rendezvous(job: &Job) -> Result<bool, LaunchError> {
+    let Some(elastic) = &job.elastic else {
+        return Ok(false);
+    };
+    let rounds = rendezvous::Rounds {
+        min: elastic.min,
+        max: elastic.max,
+        nproc_per_node: job.nproc_per_node,
+        last_call: elastic.last_call,
+        token: job.token.as_bytes().to_vec(),
+    };
+    let hosting = rendezvous::host_if_first(rendezvous_addr(elastic)?, rounds)?;
+    if hosting {
+        eprintln!(
+            "burn-dist-run: hosting the elastic rendezvous on {}:{} ({} to {} nodes)",
+            elastic.rendezvous_addr, elastic.rendezvous_port, elastic.min, elastic.max
+        );
+    }
+    Ok(hosting)
+}
+
+fn rendezvous_addr(elastic: &Elastic) -> Result<SocketAddr, LaunchError> {
+    resolve_master(&elastic.rendezvous_addr, elastic.rendezvous_port).map_err(|e| {
+        LaunchError::Rendezvous {
+            addr: format!("{}:{}", elastic.rendezvous_addr, elastic.rendezvous_port),
+            problem: e.to_string(),
+        }
+    })
+}
+
+/// Joins the next round of the elastic rendezvous; returns this start of the job as placed.
+fn meet(job: &Job, hosting: bool) -> Result<Job, LaunchError> {
+    let elastic = job.elastic.as_ref().expect("an elastic job");
+    let addr = rendezvous_addr(elastic)?;
+    let token = job.token.as_bytes();
+    let placed = rendezvous::join(addr, token, job.nproc_per_node, hosting, JOIN_TIMEOUT)?;
+    let job = job.placed(&placed);
+    eprintln!(
+        "burn-dist-run: rendezvous: this is node {} of {} (world size {}); the store is at {}:{}",
+        job.node_rank,
+        job.nnodes,
+        job.world_size(),
+        job.master_addr,
+        job.master_port
+    );
+    Ok(job)
 }
 
 /// Starts every rank of this node for one start of the job; when one cannot be started, says

@@ -5,6 +5,9 @@
 //! Under `burn-dist-run --max-restarts N` it needs nothing more to survive a crash: every start
 //! resumes from the newest complete checkpoint.
 //!
+//! At the end rank 0 prints `validation loss BITS (LOSS)`, the mean squared error on a
+//! held-out global batch.
+//!
 //! Rank 0 prints one line per step, `step S samples N loss BITS (LOSS)`: the step, the data
 //! position it trains at (samples consumed by all ranks before it) and its local loss, with the
 //! loss's f32 bits, so that a test can see exactly where a resumed run starts.
@@ -17,6 +20,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use burn::backend::Autodiff;
+use burn::module::AutodiffModule;
 use burn::tensor::ElementConversion;
 use burn_dist::testing::{MLP_SIZES, Mlp, parameters, shard_rows, synthetic_rows};
 use burn_dist::{Ddp, DdpConfig, DistributedBackend};
@@ -26,6 +30,9 @@ use burn_flex::{Flex, FlexDevice};
 use clap::Parser;
 
 type B = Autodiff<DistributedBackend<Flex>>;
+
+/// The data index of the held-out batch that the validation loss is measured on.
+const HELD_OUT: usize = 1_000_000;
 
 #[derive(Parser)]
 #[command(about = "Train an MLP with ZeroAdam and sharded checkpoints")]
@@ -175,6 +182,23 @@ fn run(args: Args) -> Result<(), String> {
                 println!("saved step {done} to {}", dir.display());
             }
         }
+    }
+    if rank == 0 {
+        // A held-out batch no step trains on (step index 1_000_000), on the whole batch.
+        let rows = 0..args.global_batch;
+        let x = synthetic_rows::<B, 2>(
+            0,
+            HELD_OUT,
+            [args.global_batch, input],
+            rows.clone(),
+            &FlexDevice,
+        );
+        let y = synthetic_rows::<B, 2>(1, HELD_OUT, [args.global_batch, output], rows, &FlexDevice);
+        let loss = (model.valid().forward(x.inner()) - y.inner())
+            .powi_scalar(2)
+            .mean();
+        let value = loss.into_scalar().elem::<f32>();
+        println!("validation loss {:08x} ({value})", value.to_bits());
     }
     if let (0, Some(path)) = (rank, &args.out) {
         let bytes: Vec<u8> = parameters::<B, _>(&model)

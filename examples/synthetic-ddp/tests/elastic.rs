@@ -1,0 +1,219 @@
+//! An elastic job (`burn-dist-run --nnodes 2:3`): three single-rank "nodes" on loopback, each
+//! its own launcher, numbered by the rendezvous. One node's launcher is killed (SIGKILL) in the
+//! middle of the run; the other two meet again, now two, and go on at world size 2 from the
+//! newest checkpoint (written at world size 3, resharded on load) with the same global batch
+//! and data position. The run ends where an uninterrupted run at world size 2 ends, up to the
+//! rounding of the first steps' different sharding.
+//!
+//! The victim is the rank 2 of the first start: it pauses after step 5 (`--pause-after 0:2:5`,
+//! the checkpoint of step 4 being the newest), announces it, and its launcher is killed then.
+
+use std::io::{BufRead, BufReader, Read};
+use std::net::TcpListener;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use burn_dist::testing::processes::{launcher, read_f32s, scratch_dir, watch};
+
+/// The longest the job may go without printing a line before the test calls it hung (the
+/// second round waits `LAST_CALL` for a third node that never comes).
+const QUIET: Duration = Duration::from_secs(120);
+const LAST_CALL: &str = "3";
+const STEPS: &str = "12";
+
+fn program(command: &mut Command, dir: &Path, out: &Path, extra: &[&str]) {
+    command
+        .arg("--")
+        .arg(env!("CARGO_BIN_EXE_synthetic-zero"))
+        .args([
+            "--steps",
+            STEPS,
+            "--checkpoint-every",
+            "2",
+            "--checkpoint-dir",
+        ])
+        .arg(dir)
+        .arg("--out")
+        .arg(out)
+        .args(extra)
+        .env("BURN_DIST_TIMEOUT_SECS", "60")
+        .env_remove("BURN_DIST_RESTART_COUNT")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+}
+
+/// One node: `burn-dist-run --nnodes 2:3 --nproc-per-node 1` at the rendezvous on `port`.
+fn node(port: &str, dir: &Path, out: &Path) -> Child {
+    let mut command = Command::new(launcher());
+    command
+        .args(["--nnodes", "2:3", "--nproc-per-node", "1"])
+        .args(["--master-addr", "127.0.0.1", "--master-port", port])
+        .args(["--rdzv-last-call-secs", LAST_CALL, "--max-restarts", "2"])
+        .args(["--stop-grace-secs", "2"])
+        .env("BURN_DIST_TOKEN", "elastic-test-token");
+    program(&mut command, dir, out, &["--pause-after", "0:2:5"]);
+    command.spawn().expect("starting burn-dist-run")
+}
+
+/// Every line of `child`'s two streams, tagged with `who`, into `lines`.
+fn forward(child: &mut Child, who: usize, lines: &mpsc::Sender<(usize, Option<String>)>) {
+    let streams: [Box<dyn Read + Send>; 2] = [
+        Box::new(child.stdout.take().unwrap()),
+        Box::new(child.stderr.take().unwrap()),
+    ];
+    for stream in streams {
+        let lines = lines.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stream).lines().map_while(Result::ok) {
+                let _ = lines.send((who, Some(line)));
+            }
+            let _ = lines.send((who, None));
+        });
+    }
+}
+
+/// A step line of rank 0: `[rank 0] step S samples N loss BITS (LOSS)` as (S, N, LOSS).
+fn step_of(line: &str) -> Option<(u64, u64, f32)> {
+    let words: Vec<&str> = line
+        .strip_prefix("[rank 0] step ")?
+        .split_whitespace()
+        .collect();
+    match words[..] {
+        [step, "samples", samples, "loss", bits, _] => Some((
+            step.parse().ok()?,
+            samples.parse().ok()?,
+            f32::from_bits(u32::from_str_radix(bits, 16).ok()?),
+        )),
+        _ => None,
+    }
+}
+
+fn validation_loss(lines: &[String]) -> f32 {
+    let line = lines
+        .iter()
+        .find_map(|l| l.strip_prefix("[rank 0] validation loss "))
+        .expect("a validation loss");
+    f32::from_bits(u32::from_str_radix(&line[..8], 16).unwrap())
+}
+
+#[test]
+fn a_lost_node_leaves_two_that_go_on_at_world_size_2_from_the_newest_checkpoint() {
+    let root = scratch_dir("elastic");
+    let straight_out = root.join("straight.bin");
+    let mut straight = Command::new(launcher());
+    straight.args(["--standalone", "--nproc-per-node", "2"]);
+    program(&mut straight, &root.join("straight"), &straight_out, &[]);
+    let (status, straight_lines) = watch(&mut straight.spawn().unwrap(), QUIET, |_| {});
+    assert!(status.success(), "world size 2, uninterrupted: {status}");
+    let straight_steps: Vec<_> = straight_lines.iter().filter_map(|l| step_of(l)).collect();
+
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let port = port.to_string();
+    let (dir, out) = (root.join("elastic"), root.join("elastic.bin"));
+    let (tx, rx) = mpsc::channel();
+    // The first launcher hosts the rendezvous (and is node 0); the others start once it does.
+    let mut nodes = vec![node(&port, &dir, &out)];
+    forward(&mut nodes[0], 0, &tx);
+    let mut transcript: Vec<Vec<String>> = vec![Vec::new(); 3];
+    let mut open = 2;
+    let mut victim = None;
+    loop {
+        let (who, line) = rx.recv_timeout(QUIET).unwrap_or_else(|_| {
+            nodes.iter_mut().for_each(|n| _ = n.kill());
+            panic!("no output for {QUIET:?}:\n{transcript:#?}");
+        });
+        let Some(line) = line else {
+            open -= 1;
+            if open == 0 {
+                break;
+            }
+            continue;
+        };
+        if line.starts_with("burn-dist-run: hosting the elastic rendezvous") {
+            for who in 1..3 {
+                nodes.push(node(&port, &dir, &out));
+                forward(&mut nodes[who], who, &tx);
+                open += 2;
+            }
+        }
+        if victim.is_none() && line.starts_with("[rank 2] paused after step 5 on rank 2 (pid ") {
+            nodes[who].kill().unwrap();
+            victim = Some(who);
+        }
+        transcript[who].push(line);
+    }
+    let victim = victim.expect("rank 2 paused after step 5");
+    assert_ne!(victim, 0, "the hosting launcher is node 0, never rank 2");
+    for (who, node) in nodes.iter_mut().enumerate() {
+        let status = node.wait().unwrap();
+        if who != victim {
+            assert!(
+                status.success(),
+                "node {who}: {status}\n{:#?}",
+                transcript[who]
+            );
+            let second_round = "burn-dist-run: rendezvous: this is node ";
+            let rounds: Vec<&String> = transcript[who]
+                .iter()
+                .filter(|l| l.starts_with(second_round))
+                .collect();
+            assert_eq!(rounds.len(), 2, "{:#?}", transcript[who]);
+            assert!(rounds[0].contains(" of 3 (world size 3)"), "{}", rounds[0]);
+            assert!(rounds[1].contains(" of 2 (world size 2)"), "{}", rounds[1]);
+        }
+    }
+
+    // Rank 0 (on the hosting node) trained steps 0 to 5 at world size 3, then resumed from the
+    // checkpoint of step 4 at world size 2: the same data position, and the loss of step 4 that
+    // the uninterrupted run at world size 2 had (up to the first steps' rounding).
+    let lines = &transcript[0];
+    let resumed = format!(
+        "[rank 0] resumed from {}/step-0000000004 at step 4",
+        dir.display()
+    );
+    assert!(lines.contains(&resumed), "{lines:#?}");
+    let steps: Vec<_> = lines.iter().filter_map(|l| step_of(l)).collect();
+    let order: Vec<u64> = steps.iter().map(|s| s.0).collect();
+    assert_eq!(
+        order,
+        [0, 1, 2, 3, 4, 5, 4, 5, 6, 7, 8, 9, 10, 11],
+        "{lines:#?}"
+    );
+    let (step, samples, loss) = steps[6];
+    assert_eq!(
+        (step, samples),
+        (4, 48),
+        "the data position continues from the checkpoint's"
+    );
+    let reference = straight_steps[4].2;
+    assert!(
+        (loss - reference).abs() <= 1e-4 * reference.abs(),
+        "step 4 loss {loss} vs {reference}"
+    );
+
+    let (got, want) = (validation_loss(lines), validation_loss(&straight_lines));
+    assert!(
+        (got - want).abs() <= 0.02,
+        "validation loss {got} vs {want}"
+    );
+    let (got, want) = (read_f32s(&out), read_f32s(&straight_out));
+    let diff = got
+        .iter()
+        .zip(&want)
+        .map(|(a, b)| (a - b).powi(2))
+        .sum::<f32>()
+        .sqrt();
+    let norm = want.iter().map(|v| v * v).sum::<f32>().sqrt();
+    assert!(
+        diff <= 1e-4 * norm,
+        "final parameters: relative difference {}",
+        diff / norm
+    );
+    let _ = std::fs::remove_dir_all(&root);
+}
