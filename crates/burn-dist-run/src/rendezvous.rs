@@ -148,6 +148,11 @@ fn close_rounds(waiting: &(Mutex<Waiting>, Condvar), rounds: &Rounds) {
     let (lock, wake) = waiting;
     let mut state = lock.lock().unwrap_or_else(|e| e.into_inner());
     loop {
+        // A launcher that died while it waited must not be counted into the round.
+        state.joiners.retain(|j| connected(&j.stream));
+        if state.joiners.len() < rounds.min as usize {
+            state.quorum_since = None;
+        }
         let full = state.joiners.len() >= rounds.max as usize;
         let called = state
             .quorum_since
@@ -169,6 +174,20 @@ fn close_rounds(waiting: &(Mutex<Waiting>, Condvar), rounds: &Rounds) {
             None => wake.wait(state).unwrap_or_else(|e| e.into_inner()),
         };
     }
+}
+
+/// Whether the joiner is still there: its launcher sends nothing after the join line, so end
+/// of file (or an error) on its connection means it has gone.
+fn connected(stream: &TcpStream) -> bool {
+    let mut byte = [0u8; 1];
+    let _ = stream.set_nonblocking(true);
+    let alive = match stream.peek(&mut byte) {
+        Ok(0) => false,
+        Ok(_) => true,
+        Err(e) => e.kind() == std::io::ErrorKind::WouldBlock,
+    };
+    let _ = stream.set_nonblocking(false);
+    alive
 }
 
 /// Numbers the nodes of a closed round (the host's first) and tells each its place.
@@ -325,6 +344,18 @@ mod tests {
         let (a, b) = (a.join().unwrap(), b.join().unwrap());
         assert_eq!((a.nnodes, b.nnodes), (2, 2));
         assert_eq!(a.master_port, b.master_port);
+    }
+
+    /// A node that joined and then died is left out of the round.
+    #[test]
+    fn a_joiner_that_left_is_not_counted() {
+        let addr = free_addr();
+        host_if_first(addr, rounds(2, 3, 300)).unwrap();
+        let mut gone = TcpStream::connect(addr).unwrap();
+        writeln!(gone, "{MAGIC} {} 1 1 0", to_hex(b"job")).unwrap();
+        drop(gone);
+        let (a, b) = (join_on(addr, true), join_on(addr, false));
+        assert_eq!((a.join().unwrap().nnodes, b.join().unwrap().nnodes), (2, 2));
     }
 
     #[test]
