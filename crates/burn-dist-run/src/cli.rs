@@ -38,11 +38,13 @@ pub struct Args {
     #[arg(long, default_value_t = 10, value_name = "S")]
     pub rdzv_last_call_secs: u64,
 
-    /// Address of the node that runs rank 0; every rank connects there.
+    /// Address of the node that runs rank 0; every rank connects there. With --nnodes MIN:MAX:
+    /// where the launchers meet (the launcher that binds it hosts the rendezvous).
     #[arg(long, default_value = "127.0.0.1", value_name = "ADDR")]
     pub master_addr: String,
 
-    /// Port of the rendezvous store on the master; 0 picks a free port (single node only).
+    /// Port of the rendezvous store on the master; 0 picks a free port (single node only). With
+    /// --nnodes MIN:MAX: the launchers' rendezvous port (the store's is picked each start).
     #[arg(long, default_value_t = 29500, value_name = "PORT")]
     pub master_port: u16,
 
