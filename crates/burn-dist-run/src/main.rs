@@ -56,9 +56,16 @@ fn run(args: cli::Args) -> i32 {
     let mut restarts = Restarts::new(job.max_restarts);
     loop {
         if job.elastic.is_some() {
-            job = match meet(&job, hosting) {
+            job = match meet(&job, hosting, &received) {
                 Ok(job) => job,
-                Err(err) => return report(err),
+                Err(Stopped::Failed(err)) => return report(err),
+                Err(Stopped::Signalled(signal)) => {
+                    eprintln!(
+                        "burn-dist-run: {} while waiting at the rendezvous; exiting",
+                        supervise::launcher_received(signal)
+                    );
+                    return 128 + signal;
+                }
             };
         }
         let mut supervisor = Supervisor::new(received, job.grace, job.restart);
@@ -121,12 +128,38 @@ fn rendezvous_addr(elastic: &Elastic) -> Result<SocketAddr, LaunchError> {
     })
 }
 
+/// Why the launcher stopped waiting at the rendezvous without a place.
+enum Stopped {
+    Failed(LaunchError),
+    Signalled(i32),
+}
+
 /// Joins the next round of the elastic rendezvous; returns this start of the job as placed.
-fn meet(job: &Job, hosting: bool) -> Result<Job, LaunchError> {
+/// The wait may be long (until enough nodes come), so a signal to the launcher ends it.
+fn meet(
+    job: &Job,
+    hosting: bool,
+    events: &mpsc::Receiver<supervise::Event>,
+) -> Result<Job, Stopped> {
     let elastic = job.elastic.as_ref().expect("an elastic job");
-    let addr = rendezvous_addr(elastic)?;
-    let token = job.token.as_bytes();
-    let placed = rendezvous::join(addr, token, job.nproc_per_node, hosting, JOIN_TIMEOUT)?;
+    let addr = rendezvous_addr(elastic).map_err(Stopped::Failed)?;
+    let (token, nproc) = (job.token.as_bytes().to_vec(), job.nproc_per_node);
+    let (done, placed) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = done.send(rendezvous::join(addr, &token, nproc, hosting, JOIN_TIMEOUT));
+    });
+    let placed = loop {
+        if let Ok(placed) = placed.recv_timeout(Duration::from_millis(100)) {
+            break placed.map_err(Stopped::Failed)?;
+        }
+        // Only signals matter here: what else is queued belongs to the ranks of a start that
+        // has ended.
+        while let Ok(event) = events.try_recv() {
+            if let supervise::Event::Signal(signal) = event {
+                return Err(Stopped::Signalled(signal));
+            }
+        }
+    };
     let job = job.placed(&placed);
     eprintln!(
         "burn-dist-run: rendezvous: this is node {} of {} (world size {}); the store is at {}:{}",

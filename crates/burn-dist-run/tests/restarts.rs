@@ -145,3 +145,25 @@ fn filtered_ranks_write_to_their_log_files() {
     assert_eq!(lines, ["err 0", "out 0"]);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A launcher of an elastic job waiting at the rendezvous for nodes that do not come leaves at
+/// once when signalled, instead of waiting out the join timeout.
+#[test]
+fn a_signal_ends_the_wait_at_the_rendezvous() {
+    let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = probe.local_addr().unwrap().port().to_string();
+    drop(probe);
+    let options = ["--nnodes", "2:3", "--master-port", &port];
+    let mut launch = Launch::spawn(&sh(&options, "true"), &[("BURN_DIST_TOKEN", "t")]);
+    let hosting = |l: &str| l.starts_with("burn-dist-run: hosting the elastic rendezvous on ");
+    launch.wait_for_line(hosting, within(30)).unwrap();
+    launch.signal(libc::SIGTERM);
+    assert_eq!(launch.wait_exit(within(10)).code(), Some(143));
+    assert_eq!(
+        count(
+            &launch,
+            "the launcher received SIGTERM while waiting at the rendezvous"
+        ),
+        1
+    );
+}

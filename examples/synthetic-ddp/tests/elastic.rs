@@ -20,7 +20,7 @@ use burn_dist::testing::processes::{launcher, read_f32s, scratch_dir, watch};
 /// The longest the job may go without printing a line before the test calls it hung (the
 /// second round waits `LAST_CALL` for a third node that never comes).
 const QUIET: Duration = Duration::from_secs(120);
-const LAST_CALL: &str = "3";
+const LAST_CALL: &str = "5";
 const STEPS: &str = "12";
 
 fn program(command: &mut Command, dir: &Path, out: &Path, extra: &[&str]) {
