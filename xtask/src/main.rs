@@ -142,6 +142,10 @@ fn integration() -> Result<(), String> {
         "multiprocess",
         "--test",
         "launcher",
+        "--test",
+        "restarts",
+        "--test",
+        "torchrun",
     ])?;
     cargo(&[
         "test",
@@ -155,6 +159,10 @@ fn integration() -> Result<(), String> {
         "chaos",
         "--test",
         "checkpoint_disk",
+        "--test",
+        "restarts",
+        "--test",
+        "elastic",
     ])?;
     cargo(&[
         "test",
