@@ -358,6 +358,25 @@ mod tests {
         assert_eq!((a.join().unwrap().nnodes, b.join().unwrap().nnodes), (2, 2));
     }
 
+    /// A node that comes once a round is full (a node back after a loss) is not squeezed into
+    /// it: it waits and is numbered in the next round, with the next node to come.
+    #[test]
+    fn a_late_node_joins_the_next_round() {
+        let addr = free_addr();
+        host_if_first(addr, rounds(2, 2, 60_000)).unwrap();
+        let first: Vec<_> = [true, false].map(|host| join_on(addr, host)).into();
+        let first: Vec<Assignment> = first.into_iter().map(|j| j.join().unwrap()).collect();
+        assert!(first.iter().all(|a| a.nnodes == 2));
+        let late = join_on(addr, false);
+        let next = join_on(addr, true).join().unwrap();
+        let late = late.join().unwrap();
+        assert_eq!((next.node_rank, late.node_rank, late.nnodes), (0, 1, 2));
+        assert_ne!(
+            late.master_port, first[0].master_port,
+            "a store of its own round"
+        );
+    }
+
     #[test]
     fn a_wrong_token_is_refused_naming_it() {
         let addr = free_addr();
