@@ -7,18 +7,19 @@
 //!
 //! The victim is the rank 2 of the first start: it pauses after step 5 (`--pause-after 0:2:5`,
 //! the checkpoint of step 4 being the newest), announces it, and its launcher is killed then.
+//! The three launchers start at once; the one that binds the rendezvous address first hosts it
+//! and is node 0 in every round, so rank 0 is there and rank 2 is elsewhere.
 
-use std::io::{BufRead, BufReader, Read};
 use std::net::TcpListener;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
 use std::time::Duration;
 
-use burn_dist::testing::processes::{launcher, read_f32s, scratch_dir, watch};
+use burn_dist::testing::processes::{launcher, read_f32s, scratch_dir, watch, watch_all};
 
 /// The longest the job may go without printing a line before the test calls it hung (the
-/// second round waits `LAST_CALL` for a third node that never comes).
+/// second round waits `LAST_CALL` for a third node that never comes; the first closes at once
+/// when all three have joined).
 const QUIET: Duration = Duration::from_secs(120);
 const LAST_CALL: &str = "5";
 const STEPS: &str = "12";
@@ -55,23 +56,6 @@ fn node(port: &str, dir: &Path, out: &Path) -> Child {
         .env("BURN_DIST_TOKEN", "elastic-test-token");
     program(&mut command, dir, out, &["--pause-after", "0:2:5"]);
     command.spawn().expect("starting burn-dist-run")
-}
-
-/// Every line of `child`'s two streams, tagged with `who`, into `lines`.
-fn forward(child: &mut Child, who: usize, lines: &mpsc::Sender<(usize, Option<String>)>) {
-    let streams: [Box<dyn Read + Send>; 2] = [
-        Box::new(child.stdout.take().unwrap()),
-        Box::new(child.stderr.take().unwrap()),
-    ];
-    for stream in streams {
-        let lines = lines.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stream).lines().map_while(Result::ok) {
-                let _ = lines.send((who, Some(line)));
-            }
-            let _ = lines.send((who, None));
-        });
-    }
 }
 
 /// A step line of rank 0: `[rank 0] step S samples N loss BITS (LOSS)` as (S, N, LOSS).
@@ -116,54 +100,33 @@ fn a_lost_node_leaves_two_that_go_on_at_world_size_2_from_the_newest_checkpoint(
         .port();
     let port = port.to_string();
     let (dir, out) = (root.join("elastic"), root.join("elastic.bin"));
-    let (tx, rx) = mpsc::channel();
-    // The first launcher hosts the rendezvous (and is node 0); the others start once it does.
-    let mut nodes = vec![node(&port, &dir, &out)];
-    forward(&mut nodes[0], 0, &tx);
-    let mut transcript: Vec<Vec<String>> = vec![Vec::new(); 3];
-    let mut open = 2;
+    // Whichever launcher binds the rendezvous first hosts it and is node 0, with rank 0.
+    let mut nodes: Vec<Child> = (0..3).map(|_| node(&port, &dir, &out)).collect();
     let mut victim = None;
-    loop {
-        let (who, line) = rx.recv_timeout(QUIET).unwrap_or_else(|_| {
-            nodes.iter_mut().for_each(|n| _ = n.kill());
-            panic!("no output for {QUIET:?}:\n{transcript:#?}");
-        });
-        let Some(line) = line else {
-            open -= 1;
-            if open == 0 {
-                break;
-            }
-            continue;
-        };
-        if line.starts_with("burn-dist-run: hosting the elastic rendezvous") {
-            for who in 1..3 {
-                nodes.push(node(&port, &dir, &out));
-                forward(&mut nodes[who], who, &tx);
-                open += 2;
-            }
-        }
-        if victim.is_none() && line.starts_with("[rank 2] paused after step 5 on rank 2 (pid ") {
-            nodes[who].kill().unwrap();
+    let ended = watch_all(&mut nodes, QUIET, |who, line| {
+        let kill =
+            victim.is_none() && line.starts_with("[rank 2] paused after step 5 on rank 2 (pid ");
+        if kill {
             victim = Some(who);
         }
-        transcript[who].push(line);
-    }
+        kill
+    });
     let victim = victim.expect("rank 2 paused after step 5");
-    assert_ne!(victim, 0, "the hosting launcher is node 0, never rank 2");
-    for (who, node) in nodes.iter_mut().enumerate() {
-        let status = node.wait().unwrap();
-        if who != victim {
-            assert!(
-                status.success(),
-                "node {who}: {status}\n{:#?}",
-                transcript[who]
-            );
-            let second_round = "burn-dist-run: rendezvous: this is node ";
-            let rounds: Vec<&String> = transcript[who]
+    let host = ended
+        .iter()
+        .position(|(_, lines)| {
+            lines
                 .iter()
-                .filter(|l| l.starts_with(second_round))
-                .collect();
-            assert_eq!(rounds.len(), 2, "{:#?}", transcript[who]);
+                .any(|l| l.starts_with("burn-dist-run: hosting the elastic rendezvous"))
+        })
+        .expect("a launcher hosts the rendezvous");
+    assert_ne!(victim, host, "the hosting launcher is node 0, never rank 2");
+    for (who, (status, lines)) in ended.iter().enumerate() {
+        if who != victim {
+            assert!(status.success(), "node {who}: {status}\n{lines:#?}");
+            let round = "burn-dist-run: rendezvous: this is node ";
+            let rounds: Vec<&String> = lines.iter().filter(|l| l.starts_with(round)).collect();
+            assert_eq!(rounds.len(), 2, "{lines:#?}");
             assert!(rounds[0].contains(" of 3 (world size 3)"), "{}", rounds[0]);
             assert!(rounds[1].contains(" of 2 (world size 2)"), "{}", rounds[1]);
         }
@@ -172,7 +135,7 @@ fn a_lost_node_leaves_two_that_go_on_at_world_size_2_from_the_newest_checkpoint(
     // Rank 0 (on the hosting node) trained steps 0 to 5 at world size 3, then resumed from the
     // checkpoint of step 4 at world size 2: the same data position, and the loss of step 4 that
     // the uninterrupted run at world size 2 had (up to the first steps' rounding).
-    let lines = &transcript[0];
+    let lines = &ended[host].1;
     let resumed = format!(
         "[rank 0] resumed from {}/step-0000000004 at step 4",
         dir.display()
