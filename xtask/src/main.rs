@@ -172,6 +172,8 @@ fn integration() -> Result<(), String> {
         "equivalence",
         "--test",
         "resume",
+        "--test",
+        "elastic",
     ])?;
     cargo(&["test", "-p", "learner-ddp", "--test", "learner_launched"])
 }

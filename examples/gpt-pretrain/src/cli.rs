@@ -145,9 +145,14 @@ pub struct Args {
     /// Rank 0 writes the final parameters here (burn-dist-models' parameter-file format).
     #[arg(long)]
     pub out: Option<PathBuf>,
-    /// Test hook: after this step every rank announces its pid on stdout and waits to be killed.
+    /// Test hook: after this step every rank (or `--pause-rank`) announces its pid on stdout
+    /// and waits to be killed; in the job's first start only, so that a restarted job runs on.
     #[arg(long, hide = true)]
     pub pause_after_step: Option<u64>,
+    /// Test hook: with `--pause-after-step`, only this rank pauses; the others go on and wait
+    /// for it in the next collective, as for a rank that hangs or is lost.
+    #[arg(long, hide = true)]
+    pub pause_rank: Option<usize>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

@@ -76,6 +76,8 @@ struct Trainer<'a, B: AutodiffBackend> {
     schedule: CosineSchedule,
     loader: Loader,
     start: u64,
+    /// Which start of the job this is (`burn-dist-run --max-restarts` or torchrun; 0: the first).
+    restart: usize,
     bar: ProgressBar,
     metrics: Option<MetricsWriter>,
 }
@@ -191,6 +193,8 @@ impl<'a, B: AutodiffBackend> Trainer<'a, B> {
             scaler,
             loader,
             start,
+            // A malformed value was already refused when the rank joined the job.
+            restart: burn_dist_comm::env::restart_count().unwrap_or(0),
             bar,
             metrics,
             ddp,
@@ -256,10 +260,7 @@ impl<'a, B: AutodiffBackend> Trainer<'a, B> {
                 OptimizerKind::Adamw => String::new(),
             }
         ));
-        // Under `burn-dist-run --max-restarts` (or torchrun), which start of the job this is.
-        // A malformed value was already refused when the rank joined the job.
-        let restart = burn_dist_comm::env::restart_count().unwrap_or(0);
-        match (self.start, restart) {
+        match (self.start, self.restart) {
             (0, 0) => {}
             (0, n) => self.say(format!("restart {n}: no checkpoint yet, starting afresh")),
             (step, 0) => self.say(format!("resumed at step {step}")),
@@ -349,7 +350,9 @@ impl<'a, B: AutodiffBackend> Trainer<'a, B> {
             {
                 self.save(done)?;
             }
-            if args.pause_after_step == Some(done) {
+            let pauses_here = args.pause_after_step == Some(done)
+                && args.pause_rank.is_none_or(|rank| rank == self.rank());
+            if pauses_here && self.restart == 0 {
                 pause(self.rank(), done);
             }
         }
