@@ -142,6 +142,10 @@ fn integration() -> Result<(), String> {
         "multiprocess",
         "--test",
         "launcher",
+        "--test",
+        "restarts",
+        "--test",
+        "torchrun",
     ])?;
     cargo(&[
         "test",
@@ -155,6 +159,10 @@ fn integration() -> Result<(), String> {
         "chaos",
         "--test",
         "checkpoint_disk",
+        "--test",
+        "restarts",
+        "--test",
+        "elastic",
     ])?;
     cargo(&[
         "test",
@@ -164,6 +172,8 @@ fn integration() -> Result<(), String> {
         "equivalence",
         "--test",
         "resume",
+        "--test",
+        "elastic",
     ])?;
     cargo(&["test", "-p", "learner-ddp", "--test", "learner_launched"])
 }

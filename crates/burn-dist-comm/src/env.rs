@@ -23,6 +23,18 @@ pub const MAX_TOKEN_BYTES: usize = 1024;
 /// WORLD_SIZE would only allocate per-rank tables before failing.
 pub const MAX_WORLD_SIZE: usize = 1 << 16;
 
+/// Optional variable: the port of burn-dist's store under torchrun's agent store (see
+/// [`store_port`]). Must be the same for every rank.
+pub const STORE_PORT_VAR: &str = "BURN_DIST_STORE_PORT";
+/// Set by torchrun (`True`) when its agent serves its own store on MASTER_PORT, so that rank 0
+/// cannot bind it.
+pub const AGENT_STORE_VAR: &str = "TORCHELASTIC_USE_AGENT_STORE";
+/// Which start of the job this is: 0 for the first, 1 after the first restart, ... Set by
+/// `burn-dist-run --max-restarts`.
+pub const RESTART_VAR: &str = "BURN_DIST_RESTART_COUNT";
+/// torchrun's name for [`RESTART_VAR`], read when that one is not set.
+pub const TORCHRUN_RESTART_VAR: &str = "TORCHELASTIC_RESTART_COUNT";
+
 /// The variables a place in the job was read from, to name them in errors.
 struct Names {
     rank: &'static str,
@@ -54,7 +66,11 @@ pub struct RankInfo {
     pub local_world_size: usize,
     /// Host name or address of rank 0, which hosts the store.
     pub master_addr: String,
+    /// The port of burn-dist's store on `master_addr`: MASTER_PORT, or beside it under
+    /// torchrun's agent store (see [`store_port`]).
     pub master_port: u16,
+    /// Which start of the job this is (0: the first; see [`restart_count`]).
+    pub restart_count: usize,
     /// Shared secret of the job; empty when none was set.
     pub token: String,
     /// Timeout override from the environment, if any.
@@ -78,7 +94,8 @@ impl RankInfo {
                 local_rank: optional_number(&get, "LOCAL_RANK")?.unwrap_or(0),
                 local_world_size: optional_number(&get, "LOCAL_WORLD_SIZE")?.unwrap_or(1),
                 master_addr: required(&get, "MASTER_ADDR")?,
-                master_port: port(&get)?.ok_or_else(|| missing("MASTER_PORT"))?,
+                master_port: store_port(&get)?,
+                restart_count: 0,
                 token: String::new(),
                 timeout: None,
                 shared_memory: None,
@@ -113,6 +130,7 @@ impl RankInfo {
             token,
             timeout,
             shared_memory,
+            restart_count: restart_count_from(&get)?,
             ..info
         }
         .validated(&names)
@@ -208,10 +226,49 @@ fn from_slurm(get: &impl Fn(&str) -> Option<String>) -> Result<RankInfo> {
         local_world_size,
         master_addr,
         master_port,
+        restart_count: 0,
         token: String::new(),
         timeout: None,
         shared_memory: None,
     })
+}
+
+/// The port of burn-dist's store, read from torchrun-style variables.
+///
+/// Under torchrun's elastic agent ([`AGENT_STORE_VAR`] is `True`, torch 2.x's default) the
+/// agent of the node that holds rank 0 already serves its own store on MASTER_PORT, on the same
+/// host as rank 0. burn-dist's store then rendezvouses beside it, on MASTER_PORT + 1, which
+/// every rank of every node computes alike; [`STORE_PORT_VAR`] chooses another one where that
+/// is taken. Otherwise (burn-dist-run, Slurm, torchrun with the agent store turned off, which
+/// hands out a free port) rank 0 binds MASTER_PORT itself. See docs/decisions.md.
+fn store_port(get: &impl Fn(&str) -> Option<String>) -> Result<u16> {
+    if let Some(port) = port_var(get, STORE_PORT_VAR)? {
+        return Ok(port);
+    }
+    let master = port(get)?.ok_or_else(|| missing("MASTER_PORT"))?;
+    if get(AGENT_STORE_VAR).is_some_and(|v| v.trim().eq_ignore_ascii_case("true")) {
+        return master.checked_add(1).ok_or_else(|| CommError::Env {
+            var: "MASTER_PORT".into(),
+            problem: format!(
+                "{master} is torchrun's agent store ({AGENT_STORE_VAR}=True) and burn-dist's \
+                 store goes on the next port, which does not exist: set {STORE_PORT_VAR}"
+            ),
+        });
+    }
+    Ok(master)
+}
+
+/// Which start of the job this process belongs to: [`RESTART_VAR`] (burn-dist-run), else
+/// [`TORCHRUN_RESTART_VAR`] (torchrun), else 0.
+pub fn restart_count() -> Result<usize> {
+    restart_count_from(&|name| std::env::var(name).ok())
+}
+
+fn restart_count_from(get: &impl Fn(&str) -> Option<String>) -> Result<usize> {
+    match optional_number(get, RESTART_VAR)? {
+        Some(count) => Ok(count),
+        None => Ok(optional_number(get, TORCHRUN_RESTART_VAR)?.unwrap_or(0)),
+    }
 }
 
 /// The address of the store: `host` (a name or an IP address) resolved, with `port`.
@@ -300,11 +357,15 @@ fn number(get: &impl Fn(&str) -> Option<String>, var: &str) -> Result<usize> {
 }
 
 fn port(get: &impl Fn(&str) -> Option<String>) -> Result<Option<u16>> {
-    match optional_number(get, "MASTER_PORT")? {
+    port_var(get, "MASTER_PORT")
+}
+
+fn port_var(get: &impl Fn(&str) -> Option<String>, var: &str) -> Result<Option<u16>> {
+    match optional_number(get, var)? {
         None => Ok(None),
         Some(p) if (1..=65535).contains(&p) => Ok(Some(p as u16)),
         Some(p) => Err(CommError::Env {
-            var: "MASTER_PORT".into(),
+            var: var.into(),
             problem: format!("{p} is not a port in 1..=65535"),
         }),
     }
@@ -349,6 +410,36 @@ mod tests {
             (info.master_addr.as_str(), info.master_port),
             ("10.1.2.3", 29500)
         );
+    }
+
+    /// torchrun's agent holds MASTER_PORT: the store goes beside it, unless told where.
+    #[test]
+    fn under_torchruns_agent_store_the_store_port_is_the_next_one() {
+        assert_eq!(read(&TORCHRUN).unwrap().master_port, 29500);
+        let agent = [TORCHRUN.as_slice(), &[(AGENT_STORE_VAR, "True")]].concat();
+        assert_eq!(read(&agent).unwrap().master_port, 29501);
+        let off = [TORCHRUN.as_slice(), &[(AGENT_STORE_VAR, "False")]].concat();
+        assert_eq!(read(&off).unwrap().master_port, 29500);
+        let chosen = [agent.as_slice(), &[(STORE_PORT_VAR, "31000")]].concat();
+        assert_eq!(read(&chosen).unwrap().master_port, 31000);
+        let mut last = agent.clone();
+        last[5] = ("MASTER_PORT", "65535");
+        let err = read(&last).unwrap_err().to_string();
+        assert!(
+            err.starts_with("MASTER_PORT: 65535") && err.contains(STORE_PORT_VAR),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn restart_count_is_read_from_either_launcher() {
+        assert_eq!(read(&TORCHRUN).unwrap().restart_count, 0);
+        let torchrun = [TORCHRUN.as_slice(), &[(TORCHRUN_RESTART_VAR, "2")]].concat();
+        assert_eq!(read(&torchrun).unwrap().restart_count, 2);
+        let both = [torchrun.as_slice(), &[(RESTART_VAR, "3")]].concat();
+        assert_eq!(read(&both).unwrap().restart_count, 3);
+        let bad = [TORCHRUN.as_slice(), &[(RESTART_VAR, "x")]].concat();
+        assert!(read(&bad).unwrap_err().to_string().starts_with(RESTART_VAR));
     }
 
     #[test]

@@ -105,6 +105,7 @@ mod tests {
             local_world_size: 1,
             master_addr: master_addr.into(),
             master_port,
+            restart_count: 0,
             token: token.into(),
             timeout: None,
             shared_memory: None,

@@ -114,3 +114,53 @@ pub fn launch(nproc: usize, program: &Path) -> std::process::Command {
         .env("BURN_DIST_TIMEOUT_SECS", "60");
     command
 }
+
+/// [`watch`] for several processes at once (the launchers of the nodes of one job): calls
+/// `on_line(who, line)` with every line child `who` writes on its piped streams, as it arrives,
+/// and kills child `who` (SIGKILL) when it returns true; until every stream has closed, then
+/// waits for them all. Kills them all and panics with the transcripts when no line arrives for
+/// `quiet`. Returns each child's exit status and lines.
+pub fn watch_all(
+    children: &mut [Child],
+    quiet: Duration,
+    mut on_line: impl FnMut(usize, &str) -> bool,
+) -> Vec<(ExitStatus, Vec<String>)> {
+    let (lines, seen) = mpsc::channel();
+    for (who, child) in children.iter_mut().enumerate() {
+        let streams: [Option<Box<dyn Read + Send>>; 2] = [
+            child.stdout.take().map(|s| Box::new(s) as _),
+            child.stderr.take().map(|s| Box::new(s) as _),
+        ];
+        for stream in streams.into_iter().flatten() {
+            let lines = lines.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(stream).lines().map_while(Result::ok) {
+                    if lines.send((who, line)).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    }
+    drop(lines);
+    let mut transcripts = vec![Vec::new(); children.len()];
+    loop {
+        match seen.recv_timeout(quiet) {
+            Ok((who, line)) => {
+                if on_line(who, &line) {
+                    let _ = children[who].kill();
+                }
+                transcripts[who].push(line);
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                children.iter_mut().for_each(|c| _ = c.kill());
+                panic!("no output for {quiet:?}:\n{transcripts:#?}");
+            }
+        }
+    }
+    let statuses = children
+        .iter_mut()
+        .map(|c| c.wait().expect("waiting for a child"));
+    statuses.zip(transcripts).collect()
+}

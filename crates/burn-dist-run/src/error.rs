@@ -12,6 +12,23 @@ pub enum LaunchError {
     NoNodes,
 
     #[error(
+        "--local-ranks-filter: local rank {local_rank} does not exist: with --nproc-per-node \
+         {nproc_per_node} local ranks go from 0 to {}",
+        nproc_per_node - 1
+    )]
+    FilteredRankOutOfRange {
+        local_rank: u32,
+        nproc_per_node: u32,
+    },
+
+    #[error("cannot create the log file {path} for rank {rank} (--log-dir): {source}")]
+    LogFile {
+        rank: u64,
+        path: std::path::PathBuf,
+        source: io::Error,
+    },
+
+    #[error(
         "--node-rank {node_rank} is out of range: with --nnodes {nnodes} it must be below {nnodes}"
     )]
     NodeRankOutOfRange { node_rank: u32, nnodes: u32 },
@@ -65,6 +82,18 @@ pub enum LaunchError {
     #[error("cannot pick a free port on --master-addr {addr}: {source}")]
     PickPort { addr: String, source: io::Error },
 
+    #[error("elastic rendezvous at {addr}: {problem}")]
+    Rendezvous { addr: String, problem: String },
+
+    #[error("--nnodes {text}: {problem} (a node count N, or MIN:MAX for an elastic job)")]
+    BadNodeCount { text: String, problem: String },
+
+    #[error(
+        "--node-rank cannot be used with --nnodes MIN:MAX: the elastic rendezvous numbers the \
+         nodes"
+    )]
+    NodeRankWithElastic,
+
     #[error("cannot start rank {rank} (`{program}`): {source}")]
     Spawn {
         rank: u64,
@@ -83,6 +112,9 @@ impl LaunchError {
         match self {
             LaunchError::NoProcesses
             | LaunchError::NoNodes
+            | LaunchError::FilteredRankOutOfRange { .. }
+            | LaunchError::BadNodeCount { .. }
+            | LaunchError::NodeRankWithElastic
             | LaunchError::NodeRankOutOfRange { .. }
             | LaunchError::PortZeroMultiNode { .. }
             | LaunchError::LoopbackMasterMultiNode { .. }
@@ -93,6 +125,8 @@ impl LaunchError {
             LaunchError::TokenRandomness(_)
             | LaunchError::PickPort { .. }
             | LaunchError::Spawn { .. }
+            | LaunchError::LogFile { .. }
+            | LaunchError::Rendezvous { .. }
             | LaunchError::SignalHandlers(_) => 1,
         }
     }

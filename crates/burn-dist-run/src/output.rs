@@ -1,28 +1,49 @@
-//! Copies a child's output to the launcher's, one `[rank R] ` prefixed line per write.
+//! Copies a child's output to the launcher's, one `[rank R] ` prefixed line per write, or to
+//! the rank's log file when `--local-ranks-filter` hides it; remembers its last line of stderr.
 
+use std::fs::File;
 use std::io::{self, BufRead, BufReader, Read, Write};
+use std::sync::{Arc, Mutex};
 
 /// A line longer than this is cut into pieces, so a child that writes megabytes without a newline
 /// cannot make the launcher buffer all of it.
 const MAX_LINE: u64 = 64 * 1024;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Where a rank's stream goes.
+#[derive(Debug, Clone)]
 pub enum Sink {
     Stdout,
     Stderr,
+    /// The rank's log file, shared by its two streams; lines go in without a prefix.
+    File(Arc<Mutex<File>>),
 }
+
+/// The last line a rank wrote on its stderr, kept to tell whether a restarted job failed the
+/// same way again.
+pub type LastLine = Arc<Mutex<Option<String>>>;
 
 /// Copies `source` to `sink` until end of file. Each line is written with one call while holding
 /// the sink's lock, so lines of different ranks never interleave mid-line. A last line without a
-/// newline is still written (with one added).
-pub fn copy_prefixed(source: impl Read, rank: u64, sink: Sink) {
-    let prefix = format!("[rank {rank}] ");
+/// newline is still written (with one added). Every line is also left in `last`, if given.
+pub fn copy_prefixed(source: impl Read, rank: u64, sink: Sink, last: Option<LastLine>) {
+    let prefix = match sink {
+        Sink::File(_) => String::new(),
+        _ => format!("[rank {rank}] "),
+    };
     copy_lines(source, &prefix, |line| {
-        // If the launcher's own output is gone (closed pipe), keep reading anyway: a child
-        // blocked on a full pipe would never exit.
-        let _ = match sink {
+        if let Some(last) = &last {
+            let text = String::from_utf8_lossy(&line[prefix.len()..]);
+            *last.lock().unwrap_or_else(|e| e.into_inner()) = Some(text.trim_end().to_owned());
+        }
+        // If the launcher's own output is gone (closed pipe) or the log file cannot be written,
+        // keep reading anyway: a child blocked on a full pipe would never exit.
+        let _ = match &sink {
             Sink::Stdout => io::stdout().lock().write_all(line),
             Sink::Stderr => io::stderr().lock().write_all(line),
+            Sink::File(file) => file
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .write_all(line),
         };
     });
 }

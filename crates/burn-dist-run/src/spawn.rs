@@ -1,17 +1,26 @@
 //! Starts one rank: its environment, its own process group, death with the launcher, and the
 //! threads that forward its output and report its exit.
 
+use std::fs::{self, File};
 use std::io;
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::Sender;
+use std::sync::{Arc, Mutex};
 use std::thread;
 
 use crate::error::LaunchError;
 use crate::job::Job;
-use crate::output::{Sink, copy_prefixed};
+use crate::output::{LastLine, Sink, copy_prefixed};
 use crate::supervise::Event;
 use crate::waiter;
+
+/// A started rank.
+pub struct Spawned {
+    pub child: Child,
+    /// The last line it wrote on its stderr so far.
+    pub last_error: LastLine,
+}
 
 /// Spawns local rank `local_rank`. Must run on the main thread: PR_SET_PDEATHSIG fires when the
 /// *thread* that forked the child exits, and only the main thread lives as long as the launcher.
@@ -19,8 +28,9 @@ pub fn spawn_rank(
     job: &Job,
     local_rank: u32,
     events: &Sender<Event>,
-) -> Result<Child, LaunchError> {
+) -> Result<Spawned, LaunchError> {
     let rank = job.global_rank(local_rank);
+    let (out, err) = sinks(job, local_rank)?;
     let (program, args) = job
         .command
         .split_first()
@@ -48,12 +58,37 @@ pub fn spawn_rank(
     })?;
 
     let index = local_rank as usize;
+    let attempt = job.restart;
     let stdout = child.stdout.take().expect("stdout is piped");
     let stderr = child.stderr.take().expect("stderr is piped");
-    forward(stdout, rank, Sink::Stdout, index, events.clone());
-    forward(stderr, rank, Sink::Stderr, index, events.clone());
-    waiter::watch(index, child.id(), events.clone());
-    Ok(child)
+    let last_error = LastLine::default();
+    let ends = |index| (attempt, index, events.clone());
+    forward(stdout, rank, out, None, ends(index));
+    forward(stderr, rank, err, Some(last_error.clone()), ends(index));
+    waiter::watch(attempt, index, child.id(), events.clone());
+    Ok(Spawned { child, last_error })
+}
+
+/// Where the rank's stdout and stderr go: the launcher's own, or both to the rank's log file
+/// of this start when `--local-ranks-filter` hides it.
+fn sinks(job: &Job, local_rank: u32) -> Result<(Sink, Sink), LaunchError> {
+    if job.shows(local_rank) {
+        return Ok((Sink::Stdout, Sink::Stderr));
+    }
+    let path = job.log_file(local_rank);
+    let create = || {
+        if let Some(dir) = path.parent() {
+            fs::create_dir_all(dir)?;
+        }
+        File::create(&path)
+    };
+    let file = create().map_err(|source| LaunchError::LogFile {
+        rank: job.global_rank(local_rank),
+        path: path.clone(),
+        source,
+    })?;
+    let file = Sink::File(Arc::new(Mutex::new(file)));
+    Ok((file.clone(), file))
 }
 
 /// In the child: ask for SIGKILL when the launcher dies, so no rank outlives it even if the
@@ -72,15 +107,16 @@ fn die_with_launcher(launcher: libc::pid_t) -> io::Result<()> {
     Ok(())
 }
 
+/// Copies one stream on its own thread, then reports its end as `(attempt, index)`.
 fn forward(
     source: impl io::Read + Send + 'static,
     rank: u64,
     sink: Sink,
-    index: usize,
-    events: Sender<Event>,
+    last: Option<LastLine>,
+    (attempt, index, events): (u32, usize, Sender<Event>),
 ) {
     thread::spawn(move || {
-        copy_prefixed(source, rank, sink);
-        let _ = events.send(Event::OutputClosed { index });
+        copy_prefixed(source, rank, sink, last);
+        let _ = events.send(Event::OutputClosed { attempt, index });
     });
 }

@@ -8,8 +8,11 @@ use std::process::{Child, ExitStatus};
 use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
+use crate::output::LastLine;
+use crate::restarts::{Failure, Outcome};
 use crate::signals::signal_group;
-use crate::status::{describe, describe_signal, exit_code, signal_name};
+use crate::spawn::Spawned;
+use crate::status::{describe, describe_signal, signal_name};
 
 /// The launcher's message prefix.
 const ME: &str = "burn-dist-run";
@@ -20,11 +23,17 @@ const ME: &str = "burn-dist-run";
 /// period that follows.
 const SETTLE: Duration = Duration::from_millis(500);
 
+/// What the supervisor waits for. Events of a rank carry the start of the job (`attempt`) it
+/// belongs to, so that a late one from an earlier start is not taken for the current one's.
 pub enum Event {
     /// The child of local rank `index` ended (it is not reaped yet; see `waiter.rs`).
-    Exited { index: usize, status: ExitStatus },
+    Exited {
+        attempt: u32,
+        index: usize,
+        status: ExitStatus,
+    },
     /// One of the two output streams of local rank `index` reached end of file.
-    OutputClosed { index: usize },
+    OutputClosed { attempt: u32, index: usize },
     /// The launcher received this signal.
     Signal(i32),
 }
@@ -39,6 +48,8 @@ struct Rank {
     open_outputs: u8,
     /// The last signal the launcher sent while the rank was still running.
     stopped_with: Option<i32>,
+    /// The last line of its stderr.
+    last_error: LastLine,
 }
 
 impl Rank {
@@ -76,16 +87,20 @@ enum Wait {
 pub struct Supervisor {
     ranks: Vec<Rank>,
     events: Receiver<Event>,
+    /// The start of the job whose ranks these are.
+    attempt: u32,
     grace: Duration,
     first_failure: Option<usize>,
     signal: Option<i32>,
 }
 
 impl Supervisor {
-    pub fn new(events: Receiver<Event>, grace: Duration) -> Self {
+    /// Supervises start `attempt` of the job (0: the first).
+    pub fn new(events: Receiver<Event>, grace: Duration, attempt: u32) -> Self {
         Supervisor {
             ranks: Vec::new(),
             events,
+            attempt,
             grace,
             first_failure: None,
             signal: None,
@@ -93,7 +108,8 @@ impl Supervisor {
     }
 
     /// Adds the next local rank; its events must use index = the number of ranks added before.
-    pub fn add(&mut self, rank: u64, child: Child) {
+    pub fn add(&mut self, rank: u64, spawned: Spawned) {
+        let Spawned { child, last_error } = spawned;
         self.ranks.push(Rank {
             rank,
             pid: child.id(),
@@ -101,13 +117,19 @@ impl Supervisor {
             status: None,
             open_outputs: 2,
             stopped_with: None,
+            last_error,
         });
     }
 
-    /// Supervises until every rank has ended and its output is drained; returns the exit code:
-    /// 0, the first failed rank's code (128 + signal if it was killed), or 128 + the signal the
-    /// launcher received.
-    pub fn run(mut self) -> i32 {
+    /// The channel back, for the supervisor of the next start.
+    pub fn into_events(self) -> Receiver<Event> {
+        self.events
+    }
+
+    /// Supervises until every rank has ended and its output is drained; returns how the start
+    /// ended: the rank that failed first, if one did, and the signal the launcher received, if
+    /// it did.
+    pub fn run(&mut self) -> Outcome {
         while self.ranks.iter().any(Rank::running) {
             let event = self
                 .recv(None)
@@ -131,7 +153,7 @@ impl Supervisor {
     }
 
     /// Stops the ranks already started when rank `rank` could not be spawned.
-    pub fn abort(mut self, rank: u64) {
+    pub fn abort(&mut self, rank: u64) {
         self.stop(Start::Now(format!("rank {rank} could not be started")));
         self.drain_output();
         self.finish();
@@ -140,7 +162,12 @@ impl Supervisor {
     /// Records an event. Returns the signal if the launcher was signalled.
     fn handle(&mut self, event: Event) -> Option<i32> {
         match event {
-            Event::Exited { index, status } => {
+            Event::Exited { attempt, .. } | Event::OutputClosed { attempt, .. }
+                if attempt != self.attempt =>
+            {
+                None
+            }
+            Event::Exited { index, status, .. } => {
                 self.ranks[index].status = Some(status);
                 // Ranks ending after the launcher was signalled were stopped by it, not failing.
                 if !status.success() && self.first_failure.is_none() && self.signal.is_none() {
@@ -148,7 +175,7 @@ impl Supervisor {
                 }
                 None
             }
-            Event::OutputClosed { index } => {
+            Event::OutputClosed { index, .. } => {
                 self.ranks[index].open_outputs -= 1;
                 None
             }
@@ -204,7 +231,11 @@ impl Supervisor {
         let deadline = Instant::now() + SETTLE;
         while let Some(event) = self.recv(Some(deadline)) {
             let exited = match event {
-                Event::Exited { index, status } => Some((index, status)),
+                Event::Exited {
+                    attempt,
+                    index,
+                    status,
+                } if attempt == self.attempt => Some((index, status)),
                 _ => None,
             };
             if let Some(signal) = self.handle(event) {
@@ -295,9 +326,9 @@ impl Supervisor {
         }
     }
 
-    /// Kills what is left in the groups, reaps the ranks, prints the summary and returns the
-    /// exit code.
-    fn finish(&mut self) -> i32 {
+    /// Kills what is left in the groups, reaps the ranks, prints the summary and returns how
+    /// the start ended.
+    fn finish(&mut self) -> Outcome {
         for rank in &mut self.ranks {
             // A process that closed its output but stayed in the rank's group must not outlive
             // the launcher either. The leader is still unreaped, so the group id is safe to use.
@@ -325,15 +356,20 @@ impl Supervisor {
                 describe(status)
             );
         }
-        let code = match (first, self.signal) {
-            (Some(index), _) => exit_code(self.ranks[index].status.expect("failed rank status")),
-            (None, Some(signal)) => 128 + signal,
-            (None, None) => 0,
-        };
-        if code != 0 {
-            eprintln!("{ME}: exiting with code {code}");
+        let failure = first.map(|index| {
+            let rank = &self.ranks[index];
+            let last_error = rank.last_error.lock().unwrap_or_else(|e| e.into_inner());
+            Failure {
+                rank: rank.rank,
+                pid: rank.pid,
+                status: rank.status.expect("failed rank status"),
+                last_error: last_error.clone(),
+            }
+        });
+        Outcome {
+            failure,
+            signal: self.signal,
         }
-        code
     }
 
     fn send_to_live(&mut self, signal: i32, when: &str) {
@@ -383,11 +419,11 @@ impl Supervisor {
     }
 }
 
-fn signal_label(signal: i32) -> String {
+pub fn signal_label(signal: i32) -> String {
     signal_name(signal).map_or_else(|| describe_signal(signal), str::to_owned)
 }
 
-fn launcher_received(signal: i32) -> String {
+pub fn launcher_received(signal: i32) -> String {
     format!("the launcher received {}", signal_label(signal))
 }
 
@@ -414,12 +450,16 @@ mod tests {
     /// the second already ended; returns it with rank 1's status.
     fn sleeper_and_failure() -> (Supervisor, ExitStatus) {
         let (_events, receiver) = std::sync::mpsc::channel();
-        let mut supervisor = Supervisor::new(receiver, Duration::from_secs(1));
+        let mut supervisor = Supervisor::new(receiver, Duration::from_secs(1), 0);
         let sleeper = Command::new("sleep").arg("1000").spawn().unwrap();
         let failure = Command::new("sh").args(["-c", "exit 3"]).spawn().unwrap();
         let failed = exit_status_without_reaping(failure.id()).unwrap();
-        supervisor.add(0, sleeper);
-        supervisor.add(1, failure);
+        let spawned = |child| Spawned {
+            child,
+            last_error: LastLine::default(),
+        };
+        supervisor.add(0, spawned(sleeper));
+        supervisor.add(1, spawned(failure));
         (supervisor, failed)
     }
 
@@ -439,6 +479,7 @@ mod tests {
         exit_status_without_reaping(killed).unwrap();
         // Rank 1's error exit is reported before rank 0's death, as a loaded machine may do.
         supervisor.handle(Event::Exited {
+            attempt: 0,
             index: 1,
             status: failed,
         });
@@ -454,6 +495,7 @@ mod tests {
         let (mut supervisor, failed) = sleeper_and_failure();
         supervisor.events = receiver;
         supervisor.handle(Event::Exited {
+            attempt: 0,
             index: 1,
             status: failed,
         });
@@ -461,6 +503,7 @@ mod tests {
         let killed = ExitStatus::from_raw(libc::SIGKILL);
         events
             .send(Event::Exited {
+                attempt: 0,
                 index: 0,
                 status: killed,
             })
@@ -470,10 +513,31 @@ mod tests {
         kill_and_reap(&mut supervisor);
     }
 
+    /// A late event of an earlier start (its index is a rank of this one too) changes nothing.
+    #[test]
+    fn events_of_another_start_are_ignored() {
+        let (mut supervisor, failed) = sleeper_and_failure();
+        supervisor.attempt = 1;
+        supervisor.handle(Event::Exited {
+            attempt: 0,
+            index: 1,
+            status: failed,
+        });
+        supervisor.handle(Event::OutputClosed {
+            attempt: 0,
+            index: 1,
+        });
+        assert_eq!(supervisor.first_failure, None);
+        assert!(supervisor.ranks[1].running());
+        assert_eq!(supervisor.ranks[1].open_outputs, 2);
+        kill_and_reap(&mut supervisor);
+    }
+
     #[test]
     fn the_reported_rank_is_named_when_no_other_rank_died() {
         let (mut supervisor, failed) = sleeper_and_failure();
         supervisor.handle(Event::Exited {
+            attempt: 0,
             index: 1,
             status: failed,
         });

@@ -13,14 +13,19 @@ use std::thread;
 
 use crate::supervise::Event;
 
-pub fn watch(index: usize, pid: u32, events: Sender<Event>) {
+/// Reports the end of the child `pid`, local rank `index` of start `attempt`.
+pub fn watch(attempt: u32, index: usize, pid: u32, events: Sender<Event>) {
     thread::spawn(move || {
         let status = exit_status_without_reaping(pid).unwrap_or_else(|err| {
             eprintln!("burn-dist-run: cannot wait for pid {pid}: {err}; counting it as failed");
             ExitStatus::from_raw(1 << 8)
         });
         // The supervisor outlives every sender that matters; a send error means it has gone.
-        let _ = events.send(Event::Exited { index, status });
+        let _ = events.send(Event::Exited {
+            attempt,
+            index,
+            status,
+        });
     });
 }
 

@@ -3,6 +3,7 @@
 
 use std::path::PathBuf;
 
+use burn_dist_zero::checkpoint;
 use clap::{Parser, ValueEnum};
 
 use crate::data::Source;
@@ -122,9 +123,11 @@ pub struct Args {
     /// Keep only the K newest complete checkpoints: after each save, rank 0 removes older ones.
     #[arg(long, value_name = "K")]
     pub keep_last: Option<usize>,
-    /// Resume from a checkpoint directory, or the newest complete one under a root.
-    #[arg(long)]
-    pub resume: Option<PathBuf>,
+    /// Resume from a checkpoint directory, or the newest complete one under a root; `auto`:
+    /// from the newest complete one under the checkpoint directory if there is one, else start
+    /// afresh (for jobs a launcher restarts: `burn-dist-run --max-restarts`).
+    #[arg(long, value_name = "PATH|auto", value_parser = resume_from)]
+    pub resume: Option<Resume>,
 
     /// Directory of the run's metrics, plot and (by default) checkpoints.
     #[arg(long, default_value = "runs/gpt-pretrain")]
@@ -142,9 +145,14 @@ pub struct Args {
     /// Rank 0 writes the final parameters here (burn-dist-models' parameter-file format).
     #[arg(long)]
     pub out: Option<PathBuf>,
-    /// Test hook: after this step every rank announces its pid on stdout and waits to be killed.
+    /// Test hook: after this step every rank (or `--pause-rank`) announces its pid on stdout
+    /// and waits to be killed; in the job's first start only, so that a restarted job runs on.
     #[arg(long, hide = true)]
     pub pause_after_step: Option<u64>,
+    /// Test hook: with `--pause-after-step`, only this rank pauses; the others go on and wait
+    /// for it in the next collective, as for a rank that hangs or is lost.
+    #[arg(long, hide = true)]
+    pub pause_rank: Option<usize>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -182,6 +190,24 @@ pub enum Precision {
     F16,
     /// bf16 parameters and activations, f32 master weights, no scaling (ZeroAdam only).
     Bf16,
+}
+
+/// Where `--resume` takes its checkpoint from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Resume {
+    /// `auto`: the newest complete checkpoint under the checkpoint directory, if any.
+    Auto,
+    /// A checkpoint directory, or a root whose newest complete checkpoint is taken (`./auto`
+    /// for a directory named `auto`).
+    Path(PathBuf),
+}
+
+fn resume_from(text: &str) -> Result<Resume, String> {
+    match text {
+        "" => Err("give a checkpoint path, or `auto`".into()),
+        "auto" => Ok(Resume::Auto),
+        path => Ok(Resume::Path(PathBuf::from(path))),
+    }
 }
 
 impl Args {
@@ -277,6 +303,20 @@ impl Args {
         Ok(())
     }
 
+    /// The checkpoint `--resume` names, if any: `auto` looks for the newest complete one under
+    /// the checkpoint directory (none there: a fresh start).
+    pub fn resume_path(&self) -> Result<Option<PathBuf>, String> {
+        match &self.resume {
+            None => Ok(None),
+            Some(Resume::Path(path)) => Ok(Some(path.clone())),
+            Some(Resume::Auto) => {
+                let root = self.checkpoint_dir();
+                checkpoint::latest(&root)
+                    .map_err(|e| format!("--resume auto: {}: {e}", root.display()))
+            }
+        }
+    }
+
     pub fn checkpoint_dir(&self) -> PathBuf {
         self.checkpoint_dir
             .clone()
@@ -296,6 +336,30 @@ mod tests {
 
     fn args(extra: &[&str]) -> Args {
         Args::parse_from(["gpt-pretrain"].iter().chain(extra))
+    }
+
+    /// `auto` takes the newest complete checkpoint under the checkpoint directory, and starts
+    /// afresh when there is none; any other value is a path.
+    #[test]
+    fn resume_auto_finds_the_newest_checkpoint_or_none() {
+        let root = std::env::temp_dir().join(format!("gpt-resume-auto-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let dir = root.to_str().unwrap();
+        let auto = args(&["--resume", "auto", "--checkpoint-dir", dir]);
+        assert_eq!(auto.resume, Some(Resume::Auto));
+        assert_eq!(auto.resume_path().unwrap(), None, "no checkpoint yet");
+        for step in [2, 4] {
+            let step_dir = checkpoint::step_dir(&root, step);
+            std::fs::create_dir_all(&step_dir).unwrap();
+            std::fs::write(step_dir.join(checkpoint::MANIFEST), "{}").unwrap();
+        }
+        // A newer directory without a manifest is an interrupted save: not taken.
+        std::fs::create_dir_all(checkpoint::step_dir(&root, 6)).unwrap();
+        let newest = checkpoint::step_dir(&root, 4);
+        assert_eq!(auto.resume_path().unwrap(), Some(newest));
+        let path = args(&["--resume", "./auto"]);
+        assert_eq!(path.resume_path().unwrap(), Some(PathBuf::from("./auto")));
+        let _ = std::fs::remove_dir_all(&root);
     }
 
     #[test]

@@ -76,6 +76,8 @@ struct Trainer<'a, B: AutodiffBackend> {
     schedule: CosineSchedule,
     loader: Loader,
     start: u64,
+    /// Which start of the job this is (`burn-dist-run --max-restarts` or torchrun; 0: the first).
+    restart: usize,
     bar: ProgressBar,
     metrics: Option<MetricsWriter>,
 }
@@ -131,9 +133,9 @@ impl<'a, B: AutodiffBackend> Trainer<'a, B> {
 
         // Resume: weights, optimizer shards (resharded to this world size), random stream,
         // loss scale and data position.
-        let (model, start, consumed) = match (&args.resume, &mut optim) {
+        let (model, start, consumed) = match (args.resume_path()?, &mut optim) {
             (Some(path), Optim::Zero(zero)) => {
-                let (model, state) = checkpoint::load(path, ddp, model, zero)
+                let (model, state) = checkpoint::load(&path, ddp, model, zero)
                     .map_err(|e| format!("--resume {}: {e}", path.display()))?;
                 scaler = scaler.map(|s| state.restore_scaler(s));
                 (model, state.step, state.samples_consumed)
@@ -191,6 +193,8 @@ impl<'a, B: AutodiffBackend> Trainer<'a, B> {
             scaler,
             loader,
             start,
+            // A malformed value was already refused when the rank joined the job.
+            restart: burn_dist_comm::env::restart_count().unwrap_or(0),
             bar,
             metrics,
             ddp,
@@ -256,8 +260,11 @@ impl<'a, B: AutodiffBackend> Trainer<'a, B> {
                 OptimizerKind::Adamw => String::new(),
             }
         ));
-        if self.start > 0 {
-            self.say(format!("resumed at step {}", self.start));
+        match (self.start, self.restart) {
+            (0, 0) => {}
+            (0, n) => self.say(format!("restart {n}: no checkpoint yet, starting afresh")),
+            (step, 0) => self.say(format!("resumed at step {step}")),
+            (step, n) => self.say(format!("restart {n}: resumed at step {step}")),
         }
     }
 
@@ -343,7 +350,9 @@ impl<'a, B: AutodiffBackend> Trainer<'a, B> {
             {
                 self.save(done)?;
             }
-            if args.pause_after_step == Some(done) {
+            let pauses_here = args.pause_after_step == Some(done)
+                && args.pause_rank.is_none_or(|rank| rank == self.rank());
+            if pauses_here && self.restart == 0 {
                 pause(self.rank(), done);
             }
         }

@@ -11,8 +11,9 @@ pub use server::StoreServer;
 /// those the job itself opens at once; a newer one pushes out the longest waiter.
 pub use crate::gate::SPARE_PENDING;
 
-/// Compares job tokens in time independent of where they differ.
-pub(crate) fn tokens_match(presented: &[u8], expected: &[u8]) -> bool {
+/// Compares job tokens in time independent of where they differ (also for the launcher's
+/// elastic rendezvous).
+pub fn tokens_match(presented: &[u8], expected: &[u8]) -> bool {
     presented.len() == expected.len()
         && presented
             .iter()

@@ -83,7 +83,8 @@ impl StoreServer {
         let listener = TcpListener::bind(addr).map_err(|e| {
             let hint = if e.kind() == std::io::ErrorKind::AddrInUse {
                 " (is another job or a stale process using it? pick another MASTER_PORT, or \
-                 `burn-dist-run --master-port 0` to let the launcher pick a free one)"
+                 `burn-dist-run --master-port 0` to let the launcher pick a free one; under \
+                 torchrun, set BURN_DIST_STORE_PORT)"
             } else {
                 ""
             };

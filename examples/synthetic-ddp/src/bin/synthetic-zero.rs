@@ -2,6 +2,12 @@
 //! from the newest complete checkpoint in `--checkpoint-dir` if there is one (at any world
 //! size). Used by the crash tests; also the shortest complete example of the ZeRO stack.
 //!
+//! Under `burn-dist-run --max-restarts N` it needs nothing more to survive a crash: every start
+//! resumes from the newest complete checkpoint.
+//!
+//! At the end rank 0 prints `validation loss BITS (LOSS)`, the mean squared error on a
+//! held-out global batch.
+//!
 //! Rank 0 prints one line per step, `step S samples N loss BITS (LOSS)`: the step, the data
 //! position it trains at (samples consumed by all ranks before it) and its local loss, with the
 //! loss's f32 bits, so that a test can see exactly where a resumed run starts.
@@ -14,6 +20,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use burn::backend::Autodiff;
+use burn::module::AutodiffModule;
 use burn::tensor::ElementConversion;
 use burn_dist::testing::{MLP_SIZES, Mlp, parameters, shard_rows, synthetic_rows};
 use burn_dist::{Ddp, DdpConfig, DistributedBackend};
@@ -23,6 +30,9 @@ use burn_flex::{Flex, FlexDevice};
 use clap::Parser;
 
 type B = Autodiff<DistributedBackend<Flex>>;
+
+/// The data index of the held-out batch that the validation loss is measured on.
+const HELD_OUT: usize = 1_000_000;
 
 #[derive(Parser)]
 #[command(about = "Train an MLP with ZeroAdam and sharded checkpoints")]
@@ -52,6 +62,32 @@ struct Args {
     /// Rank 0 writes the final parameters here (little-endian f32, tensors in visit order).
     #[arg(long)]
     out: Option<PathBuf>,
+    /// For the restart tests: in start RESTART of the job (0: the first), rank RANK announces
+    /// `paused after step STEP on rank RANK (pid P)` once step STEP is done and waits to be
+    /// killed. Repeatable.
+    #[arg(long, value_name = "RESTART:RANK:STEP", value_parser = pause_point)]
+    pause_after: Vec<Pause>,
+}
+
+/// A point `--pause-after` names.
+#[derive(Clone, Copy, PartialEq)]
+struct Pause {
+    restart: usize,
+    rank: usize,
+    step: u64,
+}
+
+fn pause_point(text: &str) -> Result<Pause, String> {
+    let bad = || format!("{text:?} is not RESTART:RANK:STEP (three non-negative integers)");
+    let parts: Vec<&str> = text.split(':').collect();
+    let [restart, rank, step] = parts[..] else {
+        return Err(bad());
+    };
+    Ok(Pause {
+        restart: restart.parse().map_err(|_| bad())?,
+        rank: rank.parse().map_err(|_| bad())?,
+        step: step.parse().map_err(|_| bad())?,
+    })
 }
 
 fn main() -> ExitCode {
@@ -70,6 +106,10 @@ fn run(args: Args) -> Result<(), String> {
     let pid = std::process::id();
     let announced_rank = std::env::var("RANK").unwrap_or_default();
     eprintln!("rank {announced_rank}: starting (pid {pid})");
+    // Which start of the job this is (burn-dist-run --max-restarts, or torchrun): a restarted
+    // job needs no other hint, as it resumes from the newest checkpoint below.
+    let restart = burn_dist_comm::env::restart_count().map_err(|e| e.to_string())?;
+    eprintln!("rank {announced_rank}: restart {restart} (pid {pid})");
     let mut ddp = Ddp::init(DdpConfig::new()).map_err(|e| format!("joining the job: {e}"))?;
     let (rank, world) = (ddp.rank(), ddp.world_size());
     let fail = |e: &dyn std::fmt::Display| format!("rank {rank}: {e}");
@@ -123,6 +163,17 @@ fn run(args: Args) -> Result<(), String> {
         samples += batch_samples;
         let done = step + 1;
         eprintln!("rank {rank}: step {done} done (pid {pid})");
+        let here = Pause {
+            restart,
+            rank,
+            step: done,
+        };
+        if args.pause_after.contains(&here) {
+            eprintln!("paused after step {done} on rank {rank} (pid {pid})");
+            loop {
+                std::thread::park();
+            }
+        }
         if done % args.checkpoint_every == 0 {
             let state = TrainingState::new(done, samples);
             let dir = checkpoint::save(&args.checkpoint_dir, &ddp, &model, &zero, &state)
@@ -131,6 +182,23 @@ fn run(args: Args) -> Result<(), String> {
                 println!("saved step {done} to {}", dir.display());
             }
         }
+    }
+    if rank == 0 {
+        // A held-out batch no step trains on (step index 1_000_000), on the whole batch.
+        let rows = 0..args.global_batch;
+        let x = synthetic_rows::<B, 2>(
+            0,
+            HELD_OUT,
+            [args.global_batch, input],
+            rows.clone(),
+            &FlexDevice,
+        );
+        let y = synthetic_rows::<B, 2>(1, HELD_OUT, [args.global_batch, output], rows, &FlexDevice);
+        let loss = (model.valid().forward(x.inner()) - y.inner())
+            .powi_scalar(2)
+            .mean();
+        let value = loss.into_scalar().elem::<f32>();
+        println!("validation loss {:08x} ({value})", value.to_bits());
     }
     if let (0, Some(path)) = (rank, &args.out) {
         let bytes: Vec<u8> = parameters::<B, _>(&model)

@@ -1,0 +1,130 @@
+//! `burn-dist-run --max-restarts 3` heals a job whose ranks are killed twice: every start
+//! resumes from the newest complete checkpoint by itself, and the final parameters are bitwise
+//! those of an uninterrupted run (same world size, CPU). Real processes on loopback; each
+//! victim pauses after a given step of a given start (`--pause-after`) and is killed there, so
+//! which checkpoint is the newest at each kill is known and the test needs no timing.
+
+use std::path::Path;
+use std::process::{Command, ExitStatus, Stdio};
+use std::time::Duration;
+
+use burn_dist::testing::processes::{kill_announced, launcher, read_f32s, scratch_dir, watch};
+
+/// The longest the job may go without printing a line before the test calls it hung.
+const QUIET: Duration = Duration::from_secs(120);
+
+/// `burn-dist-run --nproc-per-node 2 LAUNCHER_ARGS -- synthetic-zero` for 8 steps with a
+/// checkpoint every 2; calls `on_line` with every output line; returns the status and lines.
+fn job(
+    launcher_args: &[&str],
+    program_args: &[&str],
+    dir: &Path,
+    out: &Path,
+    on_line: impl FnMut(&str),
+) -> (ExitStatus, Vec<String>) {
+    let mut child = Command::new(launcher())
+        .args(["--nproc-per-node", "2", "--master-port", "0"])
+        .args(["--stop-grace-secs", "2"])
+        .args(launcher_args)
+        .arg("--")
+        .arg(env!("CARGO_BIN_EXE_synthetic-zero"))
+        .args([
+            "--steps",
+            "8",
+            "--checkpoint-every",
+            "2",
+            "--checkpoint-dir",
+        ])
+        .arg(dir)
+        .arg("--out")
+        .arg(out)
+        .args(program_args)
+        .env("BURN_DIST_TIMEOUT_SECS", "60")
+        .env_remove("BURN_DIST_RESTART_COUNT")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting burn-dist-run");
+    watch(&mut child, QUIET, on_line)
+}
+
+fn count(lines: &[String], needle: &str) -> usize {
+    lines.iter().filter(|l| l.contains(needle)).count()
+}
+
+#[test]
+fn a_rank_killed_twice_under_max_restarts_ends_bitwise_equal_to_an_uninterrupted_run() {
+    let root = scratch_dir("restarts");
+    let (straight, healed) = (root.join("straight.bin"), root.join("healed.bin"));
+    let (status, lines) = job(&[], &[], &root.join("straight"), &straight, |_| {});
+    assert!(
+        status.success(),
+        "uninterrupted run: {status}\n{}",
+        lines.join("\n")
+    );
+
+    // Rank 1 dies after step 3 of the first start (the checkpoint of step 2 is the newest
+    // complete one), rank 0 after step 5 of the first restart (step 4 is).
+    let pauses = ["--pause-after", "0:1:3", "--pause-after", "1:0:5"];
+    let mut kills = 0;
+    let (status, lines) = job(
+        &["--max-restarts", "3"],
+        &pauses,
+        &root.join("healed"),
+        &healed,
+        |line| {
+            // The ranks' own lines only: the launcher quotes a dead rank's last line.
+            let killed = line.starts_with("[rank ")
+                && kill_announced(line, "paused after step 3 on rank 1 (pid ")
+                || line.starts_with("[rank ")
+                    && kill_announced(line, "paused after step 5 on rank 0 (pid ");
+            kills += usize::from(killed);
+        },
+    );
+    let transcript = lines.join("\n");
+    assert_eq!(kills, 2, "both kills happened\n{transcript}");
+    assert!(status.success(), "the healed job: {status}\n{transcript}");
+    assert_eq!(
+        count(
+            &lines,
+            "burn-dist-run: restart 1 of at most 3: rank 1 (pid "
+        ),
+        1
+    );
+    assert_eq!(
+        count(
+            &lines,
+            "burn-dist-run: restart 2 of at most 3: rank 0 (pid "
+        ),
+        1
+    );
+    assert_eq!(
+        count(
+            &lines,
+            "burn-dist-run: summary: 3 starts, 2 restarts of at most 3"
+        ),
+        1,
+        "{transcript}"
+    );
+    // Each rank was told which start it is in, and every restart resumed from a checkpoint.
+    for restart in 0..3 {
+        let told = format!("rank 1: restart {restart} (pid ");
+        assert_eq!(count(&lines, &told), 1, "{transcript}");
+    }
+    for step in [2, 4] {
+        let resumed = format!("[rank 0] resumed from {}", root.join("healed").display());
+        let resumed = format!("{resumed}/step-{step:010} at step {step}");
+        assert_eq!(count(&lines, &resumed), 1, "{transcript}");
+    }
+    let bits = |path: &Path| {
+        read_f32s(path)
+            .iter()
+            .map(|v| v.to_bits())
+            .collect::<Vec<_>>()
+    };
+    let (healed, straight) = (bits(&healed), bits(&straight));
+    assert_eq!(healed.len(), straight.len(), "parameter counts");
+    let first_difference = healed.iter().zip(&straight).position(|(a, b)| a != b);
+    assert_eq!(first_difference, None, "final parameters differ bitwise");
+    let _ = std::fs::remove_dir_all(&root);
+}
