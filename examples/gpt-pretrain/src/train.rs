@@ -397,8 +397,7 @@ impl<'a, B: AutodiffBackend> Trainer<'a, B> {
                 (model, report.grad_norm, report.skipped)
             }
             Optim::AdamW(adamw) => {
-                let (grads, norm) =
-                    crate::clip::clip_global_norm::<B, _>(&model, grads, max_grad_norm);
+                let (grads, norm) = burn_dist::clip_grad_norm(&model, grads, max_grad_norm);
                 (adamw.step(lr, model, grads), norm, false)
             }
         };
