@@ -205,7 +205,7 @@ impl<'a, B: AutodiffBackend> Trainer<'a, B> {
 
     /// Rank 0 prints a line (above the progress bar when there is one).
     fn say(&self, line: String) {
-        if self.rank() == 0 {
+        if self.ddp.is_main() {
             self.bar.suspend(|| {
                 println!("{line}");
                 let _ = std::io::stdout().flush();
@@ -501,7 +501,7 @@ impl<'a, B: AutodiffBackend> Trainer<'a, B> {
     /// Rank 0: the parameter dump, the plot and the summary lines. The end-to-end rate is read
     /// first: the loop, its last checkpoint included, and nothing after it.
     fn finish(&self, outcome: &Outcome, clock: &LoopClock) -> Result<(), String> {
-        if self.rank() != 0 {
+        if !self.ddp.is_main() {
             return Ok(());
         }
         let (tokens_per_s, tokens, seconds) = clock.end_to_end();
