@@ -214,7 +214,8 @@ impl Ddp {
             .cloned()
     }
 
-    /// Whether this rank reduces gradients in place on the GPU (NCCL, [`Ddp::init_nccl`]).
+    /// Whether this rank reduces gradients in place on the GPU (NCCL: `Ddp::init_nccl`, feature
+    /// `cuda`).
     pub fn reduces_on_device(&self) -> bool {
         lock(&self.reducer).reduces_on_device()
     }

@@ -58,14 +58,17 @@ pub enum DistError {
     /// ZeRO stage 2: no reduced gradient shard is waiting (taken twice in one window, or taken
     /// before the window's last backward).
     #[error(
-        "no reduced gradient shard{}: run `Ddp::backward` to the end of an accumulation window          before each optimizer step, and take the shard once per window",
+        "no reduced gradient shard{}: run `Ddp::backward` to the end of an accumulation window \
+         before each optimizer step, and take the shard once per window",
         if *on_device { " on the device" } else { "" }
     )]
     NoGradientShard { on_device: bool },
 
     /// The flat layout given to `Ddp::shard_gradients` is not the prepared model's.
     #[error(
-        "the flat layout to shard gradients over ({layout_params} parameters, {layout_ranks}          ranks) does not match the prepared model ({model_params} parameters, {model_ranks}          ranks): build it from `Ddp::params` of this `Ddp`"
+        "the flat layout to shard gradients over ({layout_params} parameters, {layout_ranks} \
+         ranks) does not match the prepared model ({model_params} parameters, {model_ranks} \
+         ranks): build it from `Ddp::params` of this `Ddp`"
     )]
     LayoutMismatch {
         layout_params: usize,
@@ -80,19 +83,23 @@ pub enum DistError {
 
     /// A bucket order (e.g. a checkpoint's) is not a permutation of the trainable parameters.
     #[error(
-        "a bucket order must list each of the {params} trainable parameters once; got {got}          entries"
+        "a bucket order must list each of the {params} trainable parameters once; got {got} \
+         entries"
     )]
     BadBucketOrder { params: usize, got: usize },
 
     /// The device reducer was built for another backend than the one training.
     #[error(
-        "the device reducer was set up for gradients of `{expected}`, and this backend's are          `{got}`: build the `Ddp` for the backend you train on (`Ddp::init` for any backend on          the host path)"
+        "the device reducer was set up for gradients of `{expected}`, and this backend's are \
+         `{got}`: build the `Ddp` for the backend you train on (`Ddp::init` for any backend on \
+         the host path)"
     )]
     WrongBackend { expected: String, got: String },
 
     /// The device reducer reduces f32, f16 and bf16 gradients only.
     #[error(
-        "parameter #{param}: the device reducer reduces f32, f16 and bf16 gradients; this one is          {dtype}"
+        "parameter #{param}: the device reducer reduces f32, f16 and bf16 gradients; this one is \
+         {dtype}"
     )]
     UnsupportedDtype { param: usize, dtype: String },
 
@@ -117,7 +124,8 @@ pub enum DistError {
     /// `Ddp::init_nccl` needs a launched job (its NCCL communicator meets through the job's
     /// store), and no launcher variable was set.
     #[error(
-        "{call} needs a job started by a launcher (no RANK or SLURM_PROCID is set): start it with          `burn-dist-run --nproc-per-node N -- ...`, even for one GPU"
+        "{call} needs a job started by a launcher (no launcher variable, such as RANK or SLURM_PROCID, is set): start it with \
+         `burn-dist-run --nproc-per-node N -- ...`, even for one GPU"
     )]
     NotLaunched { call: &'static str },
 

@@ -47,17 +47,30 @@ fn sharding_misuses_name_what_is_wrong() {
         other => panic!("{:?}", other.map(|_| ())),
     }
     match ddp.shard_gradients(FlatLayout::new(&[2], 1, 1)) {
-        Err(DistError::LayoutMismatch {
-            layout_params: 1,
-            layout_ranks: 1,
-            model_params: 2,
-            model_ranks: 1,
-        }) => {}
+        Err(
+            error @ DistError::LayoutMismatch {
+                layout_params: 1,
+                layout_ranks: 1,
+                model_params: 2,
+                model_ranks: 1,
+            },
+        ) => assert_eq!(
+            error.to_string(),
+            "the flat layout to shard gradients over (1 parameters, 1 ranks) does not match the \
+             prepared model (2 parameters, 1 ranks): build it from `Ddp::params` of this `Ddp`"
+        ),
         other => panic!("{other:?}"),
     }
     ddp.shard_gradients(FlatLayout::new(&[2, 1], 1, 1)).unwrap();
     match ddp.take_gradient_shard() {
-        Err(DistError::NoGradientShard { on_device: false }) => {}
+        Err(error @ DistError::NoGradientShard { on_device: false }) => {
+            // The message names the fix, in one line of single spaces.
+            assert_eq!(
+                error.to_string(),
+                "no reduced gradient shard: run `Ddp::backward` to the end of an accumulation \
+                 window before each optimizer step, and take the shard once per window"
+            );
+        }
         other => panic!("{:?}", other.map(|_| ())),
     }
 }
