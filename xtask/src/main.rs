@@ -21,7 +21,7 @@ tasks:
                 (Vulkan on the CPU, for the kernel tests) with apt-get if it is missing;
                 then the packaging check (`package`)
   package       `cargo package` of the library crates, together (they depend on each
-                other and are unpublished): manifests, versions, metadata, files
+                other and are unpublished), each verified by a build of its own
                 (docs/testing.md, Packaging)
   rehearse      the README's two commands as a newcomer runs them: a fresh clone in a
                 fresh Debian root (debootstrap + chroot) with only the Rust toolchain
@@ -123,14 +123,13 @@ const PUBLISHED: [&str; 4] = [
     "burn-dist-run",
 ];
 
-/// `cargo package` of [`PUBLISHED`] without the verification build: the workspace build and its
-/// tests already compile every crate from these sources, and a verification build would compile
-/// Burn and cubecl again, per crate, with each crate's own feature set (docs/testing.md). What
-/// it checks: every dependency has a version, the metadata crates.io requires is there, and the
-/// files the manifests name (readme, license) exist. `--allow-dirty`: a developer runs it with
-/// uncommitted work.
+/// `cargo package` of [`PUBLISHED`], each verified by building it from its `.crate` in the
+/// shared target dir (measured on 2 shared cores: 2.3 min cold, 25 s warm). It checks that every
+/// dependency has a version, that the metadata crates.io requires is there, that the packaged
+/// files build on their own, and that no dependency outside dev-dependencies is unpublished.
+/// `--allow-dirty`: a developer runs it with uncommitted work.
 fn package() -> Result<(), String> {
-    let mut args = vec!["package", "--no-verify", "--locked", "--allow-dirty"];
+    let mut args = vec!["package", "--locked", "--allow-dirty"];
     for name in PUBLISHED {
         args.extend(["-p", name]);
     }
