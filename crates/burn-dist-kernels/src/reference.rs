@@ -140,12 +140,14 @@ pub fn unscale_and_check(grads: &mut [f32], inv_scale: f32) -> (bool, f64) {
 
 /// The clip factor of global-norm clipping: `min(1, max_norm / (sqrt(total_sum_sq) + 1e-6))`,
 /// as PyTorch's `clip_grad_norm_` computes it (its `clip_coef_clamped`). `None`: no clipping (1).
+/// A non-finite sum gives what PyTorch gives: 0 for an infinite norm, NaN for a NaN one (its
+/// clamp keeps a NaN, where `f64::min` would drop it).
 pub fn clip_factor(total_sum_sq: f64, max_norm: Option<f32>) -> f32 {
     match max_norm {
         None => 1.0,
         Some(max_norm) => {
             let coef = max_norm as f64 / (total_sum_sq.sqrt() + 1e-6);
-            coef.min(1.0) as f32
+            if coef > 1.0 { 1.0 } else { coef as f32 }
         }
     }
 }
@@ -323,6 +325,9 @@ mod tests {
         assert_eq!(clip_factor(100.0, None), 1.0);
         assert_eq!(clip_factor(100.0, Some(20.0)), 1.0);
         assert_eq!(clip_factor(100.0, Some(5.0)), (5.0 / (10.0 + 1e-6)) as f32);
+        // Non-finite norms, as PyTorch with error_if_nonfinite=false: 0 and NaN.
+        assert_eq!(clip_factor(f64::INFINITY, Some(5.0)), 0.0);
+        assert!(clip_factor(f64::NAN, Some(5.0)).is_nan());
     }
 
     #[test]

@@ -21,24 +21,6 @@ pub fn uniform(len: usize, seed: u64, stream: usize, scale: f32) -> Vec<f32> {
     v.into_iter().map(|x| x * scale).collect()
 }
 
-/// A tensor holding `data` on `like`'s device, in `like`'s dtype, requiring grad if `like` did:
-/// what every mapper
-/// that replaces a parameter's values needs (initialization, broadcast, checkpoint loading,
-/// optimizer write-back).
-pub fn replace_values<B: Backend, const D: usize>(
-    like: &Tensor<B, D>,
-    data: TensorData,
-) -> Tensor<B, D> {
-    // The dtype is explicit: `from_data` alone would use the device's default float type and
-    // silently turn an f16 parameter into an f32 one.
-    let fresh = Tensor::from_data(data, (&like.device(), like.dtype()));
-    if like.is_require_grad() {
-        fresh.require_grad()
-    } else {
-        fresh
-    }
-}
-
 /// Casts every float parameter of a model to a dtype, keeping it trainable: how mixed-precision
 /// runs make f16/bf16 parameters (ZeroAdam keeps the f32 master copy).
 pub struct Cast(pub burn::tensor::FloatDType);
@@ -78,7 +60,10 @@ impl<B: Backend> ModuleMapper<B> for DeterministicInit {
             1.0 / (fan_in as f32).sqrt(),
         );
         self.next += 1;
-        let fresh = replace_values(&tensor, TensorData::new(values, dims.to_vec()));
+        // `burn_dist::replace_values`, inlined: this crate stays free of burn-dist.
+        let data = TensorData::new(values, dims.to_vec());
+        let fresh = Tensor::from_data(data, (&tensor.device(), tensor.dtype()))
+            .set_require_grad(tensor.is_require_grad());
         Param::from_mapped_value(id, fresh, mapper)
     }
 }

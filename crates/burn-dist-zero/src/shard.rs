@@ -575,7 +575,7 @@ impl<B: AutodiffBackend> ModuleMapper<B> for WriteParams<'_, B> {
         let start = self.layout.offsets[index];
         let values = self.flat[start..start + info.numel()].to_vec();
         let data = TensorData::new(values, info.shape.clone()).convert_dtype(info.dtype);
-        Param::from_mapped_value(id, burn_dist_models::replace_values(&tensor, data), mapper)
+        Param::from_mapped_value(id, burn_dist::replace_values(&tensor, data), mapper)
     }
 }
 

@@ -1,15 +1,33 @@
 //! `Ddp`: the user's handle on data-parallel training.
 //!
-//! ```ignore
+//! ```no_run
+//! use burn::backend::Autodiff;
+//! use burn::nn::LinearConfig;
+//! use burn::optim::{AdamConfig, GradientsParams, Optimizer};
+//! use burn::tensor::Tensor;
+//! use burn_dist::{Ddp, DdpConfig, DistributedBackend};
+//! use burn_flex::{Flex, FlexDevice};
+//!
 //! type B = Autodiff<DistributedBackend<Flex>>;
-//! let mut ddp = Ddp::init(DdpConfig::new())?;          // joins the job (burn-dist-run sets the env)
-//! let mut model = ddp.prepare(model)?;                  // same weights everywhere, marked for sync
-//! loop {
-//!     let loss = model.forward(batch);                  // each rank its own shard of the data
-//!     if let Some(grads) = ddp.backward(loss, &model)? { // averaged over ranks during backward
-//!         model = optim.step(lr, model, grads);
+//!
+//! # fn main() -> burn_dist::Result<()> {
+//! // Joins the job burn-dist-run (or torchrun, Slurm) describes; started by hand, a job of one.
+//! let mut ddp = Ddp::init(DdpConfig::new())?;
+//! // The same weights everywhere (rank 0's), marked for gradient sync.
+//! let mut model = ddp.prepare(LinearConfig::new(4, 1).init::<B>(&FlexDevice))?;
+//! let mut optim = AdamConfig::new().init();
+//! for _step in 0..10 {
+//!     let batch = Tensor::<B, 2>::ones([8, 4], &FlexDevice); // this rank's shard of the data
+//!     let loss = model.forward(batch).powi_scalar(2).mean();
+//!     // Averaged over ranks during backward.
+//!     if let Some(grads) = ddp.backward(loss, &model)? {
+//!         let (grads, _norm): (GradientsParams, f64) =
+//!             burn_dist::clip_grad_norm(&model, grads, Some(1.0));
+//!         model = optim.step(1e-3, model, grads);
 //!     }
 //! }
+//! # Ok(())
+//! # }
 //! ```
 //!
 //! Without gradient accumulation, plain Burn code works too: `loss.backward()` already returns
@@ -22,12 +40,13 @@ use burn::module::{AutodiffModule, Module, ModuleVisitor, Param, ParamId};
 use burn::optim::GradientsParams;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Tensor, TensorData};
-use burn_dist_comm::{CommConfig, Communicator, Group, HostBuffer, HostCommunicator};
+use burn_dist_comm::{Communicator, Group, HostBuffer, HostCommunicator};
 
 use crate::bucket::{BucketConfig, Layout};
 use crate::context::{self, Scope, SharedReducer, lock};
 use crate::error::{DistError, Result};
 use crate::flat::FlatLayout;
+use crate::join::join;
 use crate::model::{
     Overwrite, ParamInfo, StableIds, Survey, distributed_id, first_difference, mark_for_sync,
     stable_param_id,
@@ -35,7 +54,7 @@ use crate::model::{
 use crate::random::RandomStream;
 use crate::reducer::{Reducer, ReducerEvent, ReducerStats};
 use crate::sharded::GradientShard;
-use crate::threads::{PoolSize, share_cores};
+use crate::threads::PoolSize;
 
 /// Settings of data-parallel training.
 #[derive(Config, Debug)]
@@ -75,10 +94,14 @@ impl Ddp {
     /// Flex computes on, is built with this rank's share of the host's cores:
     /// `max(1, cores / local ranks)` threads (see [`Ddp::thread_pool`] and docs/guide.md,
     /// "Threads per rank"). Call it before the first tensor operation, which builds the pool.
+    ///
+    /// Without any launcher variable ([`crate::LAUNCHER_VARS`]: no RANK, WORLD_SIZE, … nor
+    /// Slurm's SLURM_PROCID) the process is a job of one rank on its own, and says so in the log
+    /// (`tracing`, info): the same program runs by hand and under a launcher.
     pub fn init(config: DdpConfig) -> Result<Ddp> {
-        let (group, pool) = join()?;
-        let mut ddp = Ddp::new(group.comm.clone(), config, Scope::Process, Some(group));
-        ddp.pool = Some(pool);
+        let joined = join()?;
+        let mut ddp = Ddp::new(joined.comm, config, Scope::Process, joined.group);
+        ddp.pool = Some(joined.pool);
         Ok(ddp)
     }
 
@@ -93,15 +116,19 @@ impl Ddp {
     /// model check and broadcast of `prepare`) and [`Ddp::communicator`] stay on the host
     /// communicator of the same group. Under ZeRO stage 2 ([`Ddp::shard_gradients`]) each
     /// parameter is reduce-scattered in place to the owners of its pieces. Fails, naming the
-    /// library, when libcuda or libnccl cannot be loaded.
+    /// library, when libcuda or libnccl cannot be loaded, and without a launcher
+    /// ([`DistError::NotLaunched`]: NCCL meets through the job's store), even for one GPU.
     #[cfg(feature = "cuda")]
     pub fn init_nccl<B>(config: DdpConfig, device: &crate::CudaDevice) -> Result<Ddp>
     where
         B: crate::CubeResident<Runtime = burn_cubecl::cubecl::cuda::CudaRuntime>,
     {
-        let (group, pool) = join()?;
+        let joined = join()?;
+        let group = joined.group.ok_or(DistError::NotLaunched {
+            call: "Ddp::init_nccl",
+        })?;
         let mut ddp = Ddp::with_nccl::<B>(group, config, device)?;
-        ddp.pool = Some(pool);
+        ddp.pool = Some(joined.pool);
         Ok(ddp)
     }
 
@@ -114,8 +141,8 @@ impl Ddp {
         B: crate::CubeResident<Runtime = burn_cubecl::cubecl::cuda::CudaRuntime>,
     {
         let comm_config = match group.info.timeout {
-            Some(timeout) => CommConfig::default().with_timeout(timeout),
-            None => CommConfig::default(),
+            Some(timeout) => burn_dist_comm::CommConfig::default().with_timeout(timeout),
+            None => burn_dist_comm::CommConfig::default(),
         };
         let nccl = burn_dist_comm::NcclCommunicator::new(
             &group.store,
@@ -139,10 +166,10 @@ impl Ddp {
         config: DdpConfig,
         device: &B::Device,
     ) -> Result<Ddp> {
-        let (group, pool) = join()?;
-        let comm = group.comm.clone();
-        let mut ddp = Ddp::new(comm.clone(), config, Scope::Process, Some(group));
-        ddp.pool = Some(pool);
+        let joined = join()?;
+        let comm = joined.comm.clone();
+        let mut ddp = Ddp::new(joined.comm, config, Scope::Process, joined.group);
+        ddp.pool = Some(joined.pool);
         Ok(ddp.on_device::<B>(
             Arc::new(crate::StagedCollectives::new(comm, Arc::default())),
             B::cube_device(device),
@@ -190,7 +217,8 @@ impl Ddp {
             .cloned()
     }
 
-    /// Whether this rank reduces gradients in place on the GPU (NCCL, [`Ddp::init_nccl`]).
+    /// Whether this rank reduces gradients in place on the GPU (NCCL: `Ddp::init_nccl`, feature
+    /// `cuda`).
     pub fn reduces_on_device(&self) -> bool {
         lock(&self.reducer).reduces_on_device()
     }
@@ -236,10 +264,17 @@ impl Ddp {
         self.pool.as_ref()
     }
 
+    /// This rank's place in the job, `0..world_size()`.
     pub fn rank(&self) -> usize {
         self.comm.rank()
     }
 
+    /// Whether this is rank 0, the rank that logs, writes files and shows progress.
+    pub fn is_main(&self) -> bool {
+        self.rank() == 0
+    }
+
+    /// How many ranks the job has.
     pub fn world_size(&self) -> usize {
         self.comm.world_size()
     }
@@ -316,35 +351,16 @@ impl Ddp {
 
     /// Every rank gathers every rank's fingerprint, so every rank reports the same mismatch.
     fn check_same_model(&self, fingerprint: &[String]) -> Result<()> {
-        let world = self.world_size();
-        let text = fingerprint.join("\n").into_bytes();
-        let lengths = self.comm.all_gather(
-            HostBuffer::U8((text.len() as u64).to_le_bytes().to_vec()),
-            8 * world,
-        );
-        let lengths: Vec<usize> = lengths
-            .wait()?
-            .as_bytes()
-            .chunks_exact(8)
-            .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")) as usize)
-            .collect();
-        let longest = lengths.iter().copied().max().unwrap_or(0);
-        let mut padded = text;
-        padded.resize(longest, 0);
-        let all = self
-            .comm
-            .all_gather(HostBuffer::U8(padded), longest * world)
-            .wait()?;
-        let lines = |r: usize| -> Vec<String> {
-            let bytes = &all.as_bytes()[r * longest..r * longest + lengths[r]];
-            String::from_utf8_lossy(bytes)
+        let all = self.all_gather_bytes(fingerprint.join("\n").into_bytes())?;
+        let lines = |text: &[u8]| -> Vec<String> {
+            String::from_utf8_lossy(text)
                 .lines()
                 .map(str::to_string)
                 .collect()
         };
-        let rank0 = lines(0);
-        for rank in 1..world {
-            if let Some(difference) = first_difference(&rank0, &lines(rank), rank) {
+        let rank0 = lines(&all[0]);
+        for (rank, text) in all.iter().enumerate().skip(1) {
+            if let Some(difference) = first_difference(&rank0, &lines(text), rank) {
                 return Err(DistError::ModelMismatch(difference));
             }
         }
@@ -368,9 +384,9 @@ impl Ddp {
         model: &M,
     ) -> Result<Option<GradientsParams>> {
         if self.params.is_empty() {
-            return Err(DistError::Usage(
-                "call `Ddp::prepare(model)` before `Ddp::backward`".into(),
-            ));
+            return Err(DistError::NotPrepared {
+                call: "Ddp::backward",
+            });
         }
         let (communicates, sharded, backwards_before) = {
             let mut reducer = lock(&self.reducer);
@@ -420,9 +436,9 @@ impl Ddp {
     /// every micro-batch communicates. Called by the sharded optimizer when it is built.
     pub fn shard_gradients(&self, flat: FlatLayout) -> Result<()> {
         if self.params.is_empty() {
-            return Err(DistError::Usage(
-                "call `Ddp::prepare(model)` before sharding gradients".into(),
-            ));
+            return Err(DistError::NotPrepared {
+                call: "Ddp::shard_gradients",
+            });
         }
         lock(&self.reducer).shard_gradients(flat)
     }
@@ -513,14 +529,6 @@ impl Ddp {
     pub fn set_observer(&self, observer: impl FnMut(&mut Reducer, ReducerEvent) + Send + 'static) {
         lock(&self.reducer).set_observer(Some(Box::new(observer)));
     }
-}
-
-/// Joins the job described by the environment, then gives rayon's pool this rank's share of the
-/// host's cores (after joining, so that a bad environment is reported first).
-fn join() -> Result<(Group, PoolSize)> {
-    let group = burn_dist_comm::init(CommConfig::default())?;
-    let pool = share_cores(group.info.local_world_size);
-    Ok((group, pool))
 }
 
 impl Drop for Ddp {

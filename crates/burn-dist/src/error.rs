@@ -63,7 +63,91 @@ pub enum DistError {
     )]
     MultiDevice,
 
-    /// `Ddp` was used before `prepare`.
+    /// A `Ddp` method that needs the model's parameters ran before `Ddp::prepare`.
+    #[error("call `Ddp::prepare(model)` before `{call}`")]
+    NotPrepared { call: &'static str },
+
+    /// ZeRO stage 2 was asked for its gradient shard, but gradients are not sharded.
+    #[error(
+        "gradients are not sharded (ZeRO stage 2 is not on): call `Ddp::shard_gradients` first"
+    )]
+    NotSharded,
+
+    /// ZeRO stage 2: no reduced gradient shard is waiting (taken twice in one window, or taken
+    /// before the window's last backward).
+    #[error(
+        "no reduced gradient shard{}: run `Ddp::backward` to the end of an accumulation window \
+         before each optimizer step, and take the shard once per window",
+        if *on_device { " on the device" } else { "" }
+    )]
+    NoGradientShard { on_device: bool },
+
+    /// The flat layout given to `Ddp::shard_gradients` is not the prepared model's.
+    #[error(
+        "the flat layout to shard gradients over ({layout_params} parameters, {layout_ranks} \
+         ranks) does not match the prepared model ({model_params} parameters, {model_ranks} \
+         ranks): build it from `Ddp::params` of this `Ddp`"
+    )]
+    LayoutMismatch {
+        layout_params: usize,
+        layout_ranks: usize,
+        model_params: usize,
+        model_ranks: usize,
+    },
+
+    /// `Ddp::shard_gradients` was called inside an accumulation window.
+    #[error("gradient sharding can only start between optimizer steps, not inside a window")]
+    ShardingMidWindow,
+
+    /// A bucket order (e.g. a checkpoint's) is not a permutation of the trainable parameters.
+    #[error(
+        "a bucket order must list each of the {params} trainable parameters once; got {got} \
+         entries"
+    )]
+    BadBucketOrder { params: usize, got: usize },
+
+    /// The device reducer was built for another backend than the one training.
+    #[error(
+        "the device reducer was set up for gradients of `{expected}`, and this backend's are \
+         `{got}`: build the `Ddp` for the backend you train on (`Ddp::init` for any backend on \
+         the host path)"
+    )]
+    WrongBackend { expected: String, got: String },
+
+    /// The device reducer reduces f32, f16 and bf16 gradients only.
+    #[error(
+        "parameter #{param}: the device reducer reduces f32, f16 and bf16 gradients; this one is \
+         {dtype}"
+    )]
+    UnsupportedDtype { param: usize, dtype: String },
+
+    /// A tensor's values could not be read to the host (for a gradient hook or a collective).
+    #[error("reading {what}: {reason}")]
+    TensorRead { what: &'static str, reason: String },
+
+    /// Tensors given to a collective do not agree across ranks.
+    #[error("{op}: rank {rank}'s tensor has {got} bytes, {expected} were expected ({reason})")]
+    TensorMismatch {
+        op: &'static str,
+        rank: usize,
+        expected: usize,
+        got: usize,
+        reason: &'static str,
+    },
+
+    /// An integer all-reduce overflowed u64.
+    #[error("{op} of u64 values overflows u64")]
+    Overflow { op: &'static str },
+
+    /// `Ddp::init_nccl` needs a launched job (its NCCL communicator meets through the job's
+    /// store), and no launcher variable was set.
+    #[error(
+        "{call} needs a job started by a launcher (no launcher variable, such as RANK or SLURM_PROCID, is set): start it with \
+         `burn-dist-run --nproc-per-node N -- ...`, even for one GPU"
+    )]
+    NotLaunched { call: &'static str },
+
+    /// An internal invariant did not hold (a bug, or a misuse with no better name).
     #[error("{0}")]
     Usage(String),
 }

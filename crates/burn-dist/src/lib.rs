@@ -29,6 +29,8 @@
 
 mod backend;
 pub mod bucket;
+mod clip;
+mod collectives;
 mod context;
 #[cfg(feature = "cuda")]
 mod cuda;
@@ -37,6 +39,7 @@ mod ddp;
 mod device;
 mod error;
 pub mod flat;
+mod join;
 mod model;
 mod optim;
 pub mod random;
@@ -53,11 +56,14 @@ pub mod train;
 
 pub use backend::DistributedBackend;
 pub use bucket::{BucketConfig, Layout};
+pub use burn_dist_comm::ReduceOp;
+pub use clip::clip_grad_norm;
 pub use context::Scope;
 pub use ddp::{Ddp, DdpConfig};
 pub use error::{DistError, Result};
 pub use flat::{FlatLayout, Piece};
-pub use model::{ParamInfo, Survey, mark_for_sync};
+pub use join::LAUNCHER_VARS;
+pub use model::{ParamInfo, Survey, mark_for_sync, replace_values};
 pub use optim::{DdpOptimizer, SyncCheck, SyncHandle};
 pub use reducer::{Reducer, ReducerEvent, ReducerStats};
 pub use sampler::{DistributedSampler, ShardedDataset};

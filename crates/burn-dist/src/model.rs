@@ -7,6 +7,23 @@ use burn::tensor::backend::distributed::DistributedParamId;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{BasicOps, Bool, DType, Int, Tensor, TensorData};
 
+/// A tensor holding `data` on `like`'s device, in `like`'s dtype, requiring grad if `like` did:
+/// what every mapper that replaces a parameter's values needs (the start-up broadcast,
+/// checkpoint loading, an optimizer's write-back).
+pub fn replace_values<B: Backend, const D: usize>(
+    like: &Tensor<B, D>,
+    data: TensorData,
+) -> Tensor<B, D> {
+    // The dtype is explicit: `from_data` alone would use the device's default float type and
+    // silently turn an f16 parameter into an f32 one.
+    let fresh = Tensor::from_data(data, (&like.device(), like.dtype()));
+    if like.is_require_grad() {
+        fresh.require_grad()
+    } else {
+        fresh
+    }
+}
+
 /// A float parameter of the model, as the reducer knows it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ParamInfo {
@@ -134,7 +151,7 @@ impl<B: Backend> ModuleMapper<B> for Overwrite<'_> {
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
         let (id, tensor, mapper) = param.consume();
         let data = self.next(&tensor.dims(), tensor.dtype());
-        Param::from_mapped_value(id, burn_dist_models::replace_values(&tensor, data), mapper)
+        Param::from_mapped_value(id, replace_values(&tensor, data), mapper)
     }
 
     fn map_int<const D: usize>(

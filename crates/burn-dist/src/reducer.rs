@@ -256,19 +256,15 @@ impl Reducer {
     /// ranges; call it after `register` and before the first backward.
     pub(crate) fn shard_gradients(&mut self, flat: FlatLayout) -> Result<(), DistError> {
         if flat.numels != self.numels || flat.world != self.comm.world_size() {
-            return Err(DistError::Usage(format!(
-                "the flat layout to shard gradients over ({} parameters, {} ranks) does not \
-                 match the prepared model ({} parameters, {} ranks)",
-                flat.numels.len(),
-                flat.world,
-                self.numels.len(),
-                self.comm.world_size()
-            )));
+            return Err(DistError::LayoutMismatch {
+                layout_params: flat.numels.len(),
+                layout_ranks: flat.world,
+                model_params: self.numels.len(),
+                model_ranks: self.comm.world_size(),
+            });
         }
         if self.step.is_some() || self.micro_batch != 0 {
-            return Err(DistError::Usage(
-                "gradient sharding can only start between optimizer steps".into(),
-            ));
+            return Err(DistError::ShardingMidWindow);
         }
         let layout = Layout::flat_ordered(&self.numels, &self.config);
         self.set_layout(layout);
@@ -298,15 +294,9 @@ impl Reducer {
 
     /// ZeRO-2: the last finished window's gradient shard. It can be taken once per window.
     pub(crate) fn take_gradient_shard(&mut self) -> Result<GradientShard, DistError> {
-        let sharded = self.sharded.as_mut().ok_or_else(|| {
-            DistError::Usage("gradients are not sharded (ZeRO stage 2 is not on)".into())
-        })?;
+        let sharded = self.sharded.as_mut().ok_or(DistError::NotSharded)?;
         let (Some(values), Some(used)) = (sharded.take(), self.used_anywhere.clone()) else {
-            return Err(DistError::Usage(
-                "no reduced gradient shard: run `Ddp::backward` to the end of an accumulation \
-                 window before each optimizer step"
-                    .into(),
-            ));
+            return Err(DistError::NoGradientShard { on_device: false });
         };
         // The device path keeps the shard in device memory: a host optimizer reads it.
         #[cfg(feature = "device")]
@@ -329,17 +319,11 @@ impl Reducer {
     pub(crate) fn take_device_gradient_shard(
         &mut self,
     ) -> Result<(Box<dyn std::any::Any>, Vec<bool>), DistError> {
-        let sharded = self.sharded.as_mut().ok_or_else(|| {
-            DistError::Usage("gradients are not sharded (ZeRO stage 2 is not on)".into())
-        })?;
+        let sharded = self.sharded.as_mut().ok_or(DistError::NotSharded)?;
         let (Some(_), Some(used), Store::Device(device)) =
             (sharded.take(), self.used_anywhere.clone(), &mut self.store)
         else {
-            return Err(DistError::Usage(
-                "no reduced gradient shard on the device: run `Ddp::backward` to the end of an \
-                 accumulation window before each optimizer step, on the device path"
-                    .into(),
-            ));
+            return Err(DistError::NoGradientShard { on_device: true });
         };
         let shard = device
             .take_shard()
@@ -823,12 +807,10 @@ impl Reducer {
             return Ok(());
         }
         if !crate::bucket::is_permutation(order, self.numels.len()) {
-            return Err(DistError::Usage(format!(
-                "a bucket order must list each of the {} trainable parameters once; got {} \
-                 entries",
-                self.numels.len(),
-                order.len()
-            )));
+            return Err(DistError::BadBucketOrder {
+                params: self.numels.len(),
+                got: order.len(),
+            });
         }
         self.next_layout = Some(Layout::build(&self.numels, order, &self.config));
         self.rebuilt = true;

@@ -78,12 +78,14 @@ pub(crate) fn on_gradient_ready<B: Backend>(
                     release::<B>(tensor.0);
                 }
             }),
-        Ok(Err(e)) => Err(DistError::Usage(format!(
-            "reading a gradient as f32: {e:?}"
-        ))),
-        Err(e) => Err(DistError::Usage(format!(
-            "reading a gradient from the device: {e:?}"
-        ))),
+        Ok(Err(e)) => Err(DistError::TensorRead {
+            what: "a gradient as f32",
+            reason: format!("{e:?}"),
+        }),
+        Err(e) => Err(DistError::TensorRead {
+            what: "a gradient from the device",
+            reason: format!("{e:?}"),
+        }),
     };
     if let Err(error) = result {
         report(&mut reducer, error);
@@ -113,12 +115,10 @@ fn on_device_gradient<B: Backend>(
                 target as usize,
             )
         }
-        Err(expected) => Err(DistError::Usage(format!(
-            "the device reducer was set up for gradients of `{expected}`, and this backend's \
-             are `{}`: build the `Ddp` for the backend you train on (`Ddp::init` for any \
-             backend on the host path)",
-            std::any::type_name::<B::FloatTensorPrimitive>()
-        ))),
+        Err(expected) => Err(DistError::WrongBackend {
+            expected: expected.to_string(),
+            got: std::any::type_name::<B::FloatTensorPrimitive>().to_string(),
+        }),
     };
     if let Err(error) = result {
         report(&mut reducer, error);
@@ -197,12 +197,17 @@ pub(crate) fn all_reduce_tensor<B: Backend>(
     };
     let comm = lock(&shared).comm();
     let (shape, dtype, device) = (tensor.shape(), tensor.dtype(), B::float_device(&tensor));
-    let data = read_sync(B::float_into_data(tensor))
-        .map_err(|e| DistError::Usage(format!("reading a tensor to all-reduce: {e:?}")))?;
+    let data = read_sync(B::float_into_data(tensor)).map_err(|e| DistError::TensorRead {
+        what: "a tensor to all-reduce",
+        reason: format!("{e:?}"),
+    })?;
     let values = data
         .convert::<f32>()
         .into_vec::<f32>()
-        .map_err(|e| DistError::Usage(format!("reading a tensor to all-reduce: {e:?}")))?;
+        .map_err(|e| DistError::TensorRead {
+            what: "a tensor to all-reduce",
+            reason: format!("{e:?}"),
+        })?;
     let reduce = match op {
         ReduceOperation::Sum => ReduceOp::Sum,
         ReduceOperation::Mean => ReduceOp::Avg,

@@ -5,7 +5,6 @@
 
 use burn::backend::Autodiff;
 use burn_dist::{Ddp, DdpConfig, DistributedBackend};
-use burn_dist_comm::{CommConfig, HostCommunicator};
 use burn_flex::{Flex, FlexDevice};
 
 use crate::cli::{Args, BackendKind};
@@ -16,11 +15,8 @@ pub fn run(args: &Args) -> Result<Outcome, String> {
     let config = DdpConfig::new().with_accumulation_steps(args.accumulation);
     match args.backend {
         BackendKind::Flex => {
-            let mut ddp = if launched() {
-                Ddp::init(config).map_err(|e| format!("joining the job: {e}"))?
-            } else {
-                Ddp::for_thread(one_rank(), config)
-            };
+            // Started by hand (no launcher variable), `Ddp::init` is a job of one rank.
+            let mut ddp = Ddp::init(config).map_err(|e| format!("joining the job: {e}"))?;
             let keep = |zero, _: &Ddp| Ok(zero);
             train::run_with::<Autodiff<DistributedBackend<Flex>>>(
                 args,
@@ -34,27 +30,12 @@ pub fn run(args: &Args) -> Result<Outcome, String> {
     }
 }
 
-/// Whether a launcher (burn-dist-run, torchrun, Slurm) started this process.
-fn launched() -> bool {
-    ["RANK", "SLURM_PROCID"]
-        .iter()
-        .any(|v| std::env::var_os(v).is_some())
-}
-
-/// Started by hand, not by a launcher: a job of one rank, in this process.
-fn one_rank() -> HostCommunicator {
-    HostCommunicator::local_group(1, &CommConfig::default()).remove(0)
-}
-
 #[cfg(feature = "wgpu")]
 fn wgpu(args: &Args, config: DdpConfig) -> Result<Outcome, String> {
     use burn_wgpu::{Wgpu, WgpuDevice};
     let device = WgpuDevice::default();
-    let mut ddp = if launched() {
-        Ddp::init_staged::<Wgpu>(config, &device).map_err(|e| format!("joining the job: {e}"))?
-    } else {
-        Ddp::for_thread_staged::<Wgpu>(one_rank(), config, &device)
-    };
+    let mut ddp =
+        Ddp::init_staged::<Wgpu>(config, &device).map_err(|e| format!("joining the job: {e}"))?;
     let on_device =
         |zero: burn_dist_zero::ZeroAdam, ddp: &Ddp| zero.on_device::<Wgpu>(ddp, &device);
     train::run_with::<Autodiff<DistributedBackend<Wgpu>>>(args, &mut ddp, &device, &on_device)
@@ -68,20 +49,14 @@ fn wgpu(_: &Args, _: DdpConfig) -> Result<Outcome, String> {
 #[cfg(feature = "cuda")]
 fn cuda(args: &Args, config: DdpConfig) -> Result<Outcome, String> {
     use burn_cuda::{Cuda, CudaDevice};
-    if !launched() {
-        return Err(
-            "--backend cuda: start it with `burn-dist-run --nproc-per-node N -- \
-                    gpt-pretrain ...` (even for one GPU: NCCL joins through the job's store)"
-                .into(),
-        );
-    }
     let local_rank = std::env::var("LOCAL_RANK")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(0);
     let device = CudaDevice::new(local_rank);
-    let mut ddp =
-        Ddp::init_nccl::<Cuda>(config, &device).map_err(|e| format!("joining the job: {e}"))?;
+    // Without a launcher this fails naming `burn-dist-run` (NCCL meets through the job's store).
+    let mut ddp = Ddp::init_nccl::<Cuda>(config, &device)
+        .map_err(|e| format!("--backend cuda: joining the job: {e}"))?;
     let on_device =
         |zero: burn_dist_zero::ZeroAdam, ddp: &Ddp| zero.on_device::<Cuda>(ddp, &device);
     train::run_with::<Autodiff<DistributedBackend<Cuda>>>(args, &mut ddp, &device, &on_device)

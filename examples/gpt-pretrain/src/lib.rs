@@ -14,7 +14,6 @@
 
 pub mod backend;
 pub mod cli;
-pub mod clip;
 pub mod data;
 pub mod metrics;
 pub mod model;

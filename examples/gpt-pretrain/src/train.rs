@@ -209,7 +209,7 @@ impl<'a, B: AutodiffBackend> Trainer<'a, B> {
 
     /// Rank 0 prints a line (above the progress bar when there is one).
     fn say(&self, line: String) {
-        if self.rank() == 0 {
+        if self.ddp.is_main() {
             self.bar.suspend(|| {
                 println!("{line}");
                 let _ = std::io::stdout().flush();
@@ -406,8 +406,7 @@ impl<'a, B: AutodiffBackend> Trainer<'a, B> {
                 (model, report.grad_norm, report.skipped)
             }
             Optim::AdamW(adamw) => {
-                let (grads, norm) =
-                    crate::clip::clip_global_norm::<B, _>(&model, grads, max_grad_norm);
+                let (grads, norm) = burn_dist::clip_grad_norm(&model, grads, max_grad_norm);
                 (adamw.step(lr, model, grads), norm, false)
             }
         };
@@ -511,7 +510,7 @@ impl<'a, B: AutodiffBackend> Trainer<'a, B> {
     /// Rank 0: the parameter dump, the plot and the summary lines. The end-to-end rate is read
     /// first: the loop, its last checkpoint included, and nothing after it.
     fn finish(&self, outcome: &Outcome, clock: &LoopClock) -> Result<(), String> {
-        if self.rank() != 0 {
+        if !self.ddp.is_main() {
             return Ok(());
         }
         let (tokens_per_s, tokens, seconds) = clock.end_to_end();

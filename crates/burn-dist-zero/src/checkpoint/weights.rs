@@ -130,6 +130,6 @@ impl<B: Backend> ModuleMapper<B> for Overwrite<'_> {
         }
         let data = TensorData::from_bytes_vec(stored.data().to_vec(), shape, stored_dtype)
             .convert_dtype(dtype);
-        Param::from_mapped_value(id, burn_dist_models::replace_values(&tensor, data), mapper)
+        Param::from_mapped_value(id, burn_dist::replace_values(&tensor, data), mapper)
     }
 }

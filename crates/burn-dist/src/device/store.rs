@@ -421,11 +421,9 @@ fn slice(range: Range<usize>) -> Slice {
 
 /// The device collectives' element type for a gradient of `dtype`.
 fn device_dtype(dtype: DType, p: usize) -> Result<DeviceDType, DistError> {
-    super::device_dtype(dtype).ok_or_else(|| {
-        DistError::Usage(format!(
-            "parameter #{p}: the device reducer reduces f32, f16 and bf16 gradients; this one is \
-             {dtype:?}"
-        ))
+    super::device_dtype(dtype).ok_or_else(|| DistError::UnsupportedDtype {
+        param: p,
+        dtype: format!("{dtype:?}"),
     })
 }
 
