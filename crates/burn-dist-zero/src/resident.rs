@@ -86,13 +86,12 @@ impl<B: CubeResident> Resident<B> {
         let device = B::cube_device(device);
         let client = B::Runtime::client(&device);
         let fused = FusedAdam::new(client.clone());
-        let flat_dtype = burn_dist::device_dtype(dtype).ok_or_else(|| {
-            ZeroError::UnsupportedDtype {
+        let flat_dtype =
+            burn_dist::device_dtype(dtype).ok_or_else(|| ZeroError::UnsupportedDtype {
                 what: "parameters",
                 dtype: format!("{dtype:?}"),
                 on: String::new(),
-            }
-        })?;
+            })?;
         let model_dtype = match flat_dtype {
             DeviceDType::F32 => ModelDtype::F32,
             DeviceDType::F16 => ModelDtype::F16,
@@ -102,7 +101,10 @@ impl<B: CubeResident> Resident<B> {
             return Err(ZeroError::UnsupportedDtype {
                 what: "parameters",
                 dtype: flat_dtype.to_string(),
-                on: format!(" on {}, whose runtime has no such type", B::Runtime::name(&client)),
+                on: format!(
+                    " on {}, whose runtime has no such type",
+                    B::Runtime::name(&client)
+                ),
             });
         }
         let zeros = vec![0.0; master.len()];
@@ -151,11 +153,9 @@ impl<B: CubeResident> ResidentState for Resident<B> {
     fn gradient_piece(&mut self, piece: &Piece, grad: &dyn Any) -> Result<()> {
         let grad = grad
             .downcast_ref::<B::FloatTensorPrimitive>()
-            .ok_or_else(|| {
-                ZeroError::WrongGradient {
-                    expected: std::any::type_name::<B::FloatTensorPrimitive>(),
-                    got: "a gradient is of another backend".into(),
-                }
+            .ok_or_else(|| ZeroError::WrongGradient {
+                expected: std::any::type_name::<B::FloatTensorPrimitive>(),
+                got: "a gradient is of another backend".into(),
             })?;
         let (view, _) = B::cube_view(grad);
         let view = if view.is_contiguous() {
@@ -176,12 +176,13 @@ impl<B: CubeResident> ResidentState for Resident<B> {
     }
 
     fn gradient_shard(&mut self, shard: Box<dyn Any>) -> Result<()> {
-        let shard = shard
-            .downcast::<CubeTensor<B::Runtime>>()
-            .map_err(|_| ZeroError::WrongGradient {
-                expected: std::any::type_name::<CubeTensor<B::Runtime>>(),
-                got: "the reducer's gradient shard is of another runtime".into(),
-            })?;
+        let shard =
+            shard
+                .downcast::<CubeTensor<B::Runtime>>()
+                .map_err(|_| ZeroError::WrongGradient {
+                    expected: std::any::type_name::<CubeTensor<B::Runtime>>(),
+                    got: "the reducer's gradient shard is of another runtime".into(),
+                })?;
         let len = shard.meta.shape().num_elements();
         if len != self.layout.shard_len || shard.dtype != DType::F32 || !shard.is_contiguous() {
             return Err(ZeroError::WrongGradient {
@@ -277,12 +278,10 @@ impl<B: CubeResident> ResidentState for Resident<B> {
 }
 
 fn device_dtype(dtype: DType) -> Result<DeviceDType> {
-    burn_dist::device_dtype(dtype).ok_or_else(|| {
-        ZeroError::UnsupportedDtype {
-            what: "gradients",
-            dtype: format!("{dtype:?}"),
-            on: String::new(),
-        }
+    burn_dist::device_dtype(dtype).ok_or_else(|| ZeroError::UnsupportedDtype {
+        what: "gradients",
+        dtype: format!("{dtype:?}"),
+        on: String::new(),
     })
 }
 

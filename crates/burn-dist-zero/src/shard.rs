@@ -145,11 +145,11 @@ impl Shard {
         ddp: &Ddp,
         device: &D::Device,
     ) -> Result<()> {
-        let collectives = ddp.device_collectives::<D::Runtime>().ok_or_else(|| {
-            ZeroError::NotOnDevicePath {
-                backend: std::any::type_name::<D>(),
-            }
-        })?;
+        let collectives =
+            ddp.device_collectives::<D::Runtime>()
+                .ok_or_else(|| ZeroError::NotOnDevicePath {
+                    backend: std::any::type_name::<D>(),
+                })?;
         let dtype = self.params[0].dtype;
         if let Some(other) = self.params.iter().find(|p| p.dtype != dtype) {
             return Err(ZeroError::MixedDtypes {

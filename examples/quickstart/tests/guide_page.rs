@@ -80,7 +80,11 @@ fn the_page_trains_alone_and_on_two_ranks() {
         .expect("starting burn-dist-run");
     let (status, transcript) = watch(&mut job, TIMEOUT, |_| {});
     assert!(status.success(), "2 ranks: {status}\n{transcript:#?}");
-    assert_learns(&losses(&transcript, "[rank 0] "), "rank 0 of 2", &transcript);
+    assert_learns(
+        &losses(&transcript, "[rank 0] "),
+        "rank 0 of 2",
+        &transcript,
+    );
     assert!(
         losses(&transcript, "[rank 1] ").is_empty(),
         "rank 1 printed: only the main rank should"
