@@ -116,10 +116,12 @@ fn target_dir() -> std::path::PathBuf {
 /// dependencies on the others resolve to the packages being made. burn-dist and burn-dist-zero
 /// are not in it yet: burn-dist's doc-hidden `testing` module depends on the test models
 /// (burn-dist-models, publish = false) at run time (docs/testing.md, "Packaging").
-const PUBLISHED: [&str; 4] = [
+const PUBLISHED: [&str; 6] = [
     "burn-dist-comm",
     "burn-dist-device",
     "burn-dist-kernels",
+    "burn-dist",
+    "burn-dist-zero",
     "burn-dist-run",
 ];
 

@@ -9,10 +9,10 @@
 //! (`Ddp::gradient_elements_held`): the whole model at stage 1, one shard at stage 2.
 
 use burn::backend::Autodiff;
-use burn_dist::testing::{TransformerBlock, shard_rows, synthetic_rows};
 use burn_dist::{Ddp, DdpConfig, DistributedBackend};
 use burn_dist_comm::testing::run_ranks;
 use burn_dist_comm::{CommConfig, HostCommunicator};
+use burn_dist_testing::{TransformerBlock, shard_rows, synthetic_rows};
 use burn_dist_zero::ZeroAdamConfig;
 use burn_flex::{Flex, FlexDevice};
 

@@ -273,29 +273,3 @@ where
         self
     }
 }
-impl burn_dist::testing::OptimizerKind for ZeroAdamConfig {
-    fn build<B, M>(&self, ddp: &Ddp, model: &M) -> Box<dyn burn_dist::testing::Stepper<B, M>>
-    where
-        B: AutodiffBackend,
-        M: AutodiffModule<B> + 'static,
-    {
-        Box::new(
-            self.init::<B, M>(ddp, model)
-                .expect("ZeroAdam for a prepared model"),
-        )
-    }
-}
-
-impl<B: AutodiffBackend, M: AutodiffModule<B>> burn_dist::testing::Stepper<B, M> for ZeroAdam {
-    fn step(
-        &mut self,
-        ddp: &Ddp,
-        lr: f64,
-        model: M,
-        grads: GradientsParams,
-    ) -> burn_dist::Result<M> {
-        ZeroAdam::step(self, lr, model, grads, ddp)
-            .map(|(model, _)| model)
-            .map_err(|e| burn_dist::DistError::Usage(e.to_string()))
-    }
-}

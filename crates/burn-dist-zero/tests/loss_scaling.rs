@@ -5,12 +5,12 @@
 use burn::backend::Autodiff;
 use burn::tensor::Tensor;
 use burn::tensor::backend::AutodiffBackend;
-use burn_dist::testing::{
-    MLP_SIZES, Mlp, overflow_on_this_rank, parameters, shard_rows, synthetic_rows,
-};
 use burn_dist::{Ddp, DdpConfig, DistributedBackend, GradScalerConfig};
 use burn_dist_comm::testing::run_ranks;
 use burn_dist_comm::{CommConfig, HostCommunicator};
+use burn_dist_testing::{
+    MLP_SIZES, Mlp, overflow_on_this_rank, parameters, shard_rows, synthetic_rows,
+};
 use burn_dist_zero::{ZeroAdam, ZeroAdamConfig};
 use burn_flex::{Flex, FlexDevice};
 use burn_wgpu::{Wgpu, WgpuDevice};

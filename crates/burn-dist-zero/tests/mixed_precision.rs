@@ -10,10 +10,10 @@
 use burn::backend::Autodiff;
 use burn::module::Module;
 use burn::tensor::FloatDType;
-use burn_dist::testing::{Cast, MLP_SIZES, Mlp, shard_rows, synthetic_rows};
 use burn_dist::{Ddp, DdpConfig, DistributedBackend, GradScalerConfig};
 use burn_dist_comm::testing::run_ranks;
 use burn_dist_comm::{CommConfig, HostCommunicator};
+use burn_dist_testing::{Cast, MLP_SIZES, Mlp, shard_rows, synthetic_rows};
 use burn_dist_zero::ZeroAdamConfig;
 use burn_flex::{Flex, FlexDevice};
 

@@ -8,10 +8,10 @@
 use burn::backend::Autodiff;
 use burn::module::AutodiffModule;
 use burn::tensor::backend::AutodiffBackend;
-use burn_dist::testing::{
+use burn_dist::{Ddp, DdpConfig, DistributedBackend, FlatLayout, ReducerStats};
+use burn_dist_testing::{
     BurnAdamW, OptimizerKind, Stepper, Synthetic, assert_close, train_ranks, train_ranks_with,
 };
-use burn_dist::{Ddp, DdpConfig, DistributedBackend, FlatLayout, ReducerStats};
 use burn_dist_zero::ZeroAdamConfig;
 use burn_flex::{Flex, FlexDevice};
 use burn_wgpu::{Wgpu, WgpuDevice};
@@ -191,8 +191,8 @@ fn device_step_clips_like_the_host_path() {
 
 #[test]
 fn device_state_exports_and_imports_exactly() {
-    use burn_dist::testing::{MLP_SIZES, Mlp};
     use burn_dist_comm::{CommConfig, HostCommunicator};
+    use burn_dist_testing::{MLP_SIZES, Mlp};
     burn_dist_kernels::testing::wgpu_client();
     let device = WgpuDevice::default();
     let comm = HostCommunicator::local_group(1, &CommConfig::default()).remove(0);
@@ -258,8 +258,8 @@ fn device_state_exports_and_imports_exactly() {
 
 #[test]
 fn a_host_path_ddp_is_refused_by_name() {
-    use burn_dist::testing::{MLP_SIZES, Mlp};
     use burn_dist_comm::{CommConfig, HostCommunicator};
+    use burn_dist_testing::{MLP_SIZES, Mlp};
     let comm = HostCommunicator::local_group(1, &CommConfig::default()).remove(0);
     let mut ddp = Ddp::for_thread(comm, DdpConfig::new());
     let model = ddp

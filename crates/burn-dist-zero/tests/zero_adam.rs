@@ -2,12 +2,12 @@
 //! 50 steps; stage 2 equals stage 1 and keeps only its shard of the gradient.
 
 use burn::backend::Autodiff;
-use burn_dist::testing::{
-    BurnAdamW, OptimizerKind, Synthetic, assert_close, relative_error, train_ranks,
-};
 use burn_dist::{BucketConfig, Ddp, DdpConfig, DistributedBackend};
 use burn_dist_comm::testing::run_ranks;
 use burn_dist_comm::{CommConfig, HostCommunicator};
+use burn_dist_testing::{
+    BurnAdamW, OptimizerKind, Synthetic, assert_close, relative_error, train_ranks,
+};
 use burn_dist_zero::ZeroAdamConfig;
 use burn_flex::{Flex, FlexDevice};
 
@@ -88,7 +88,7 @@ fn zero_adamw_equals_burn_adamw_transformer() {
 
 #[test]
 fn optimizer_state_per_rank_is_one_nth_plus_padding() {
-    use burn_dist::testing::{MLP_SIZES, Mlp};
+    use burn_dist_testing::{MLP_SIZES, Mlp};
     let lens = run_ranks(
         HostCommunicator::local_group(3, &CommConfig::default()),
         |_, comm| {
@@ -119,7 +119,7 @@ fn zero_adam() -> ZeroAdamConfig {
 
 #[test]
 fn zero_adam_without_decoupled_decay_equals_burn_adam_mlp() {
-    assert_matches(Synthetic::Mlp, zero_adam(), &burn_dist::testing::BurnAdam);
+    assert_matches(Synthetic::Mlp, zero_adam(), &burn_dist_testing::BurnAdam);
 }
 
 #[test]
@@ -127,7 +127,7 @@ fn zero_adam_without_decoupled_decay_equals_burn_adam_transformer() {
     assert_matches(
         Synthetic::Transformer,
         zero_adam(),
-        &burn_dist::testing::BurnAdam,
+        &burn_dist_testing::BurnAdam,
     );
 }
 
@@ -208,7 +208,7 @@ struct GradientMemory {
 
 #[test]
 fn after_backward_each_rank_holds_only_its_gradient_shard() {
-    use burn_dist::testing::{MLP_SIZES, Mlp, shard_rows, synthetic_rows};
+    use burn_dist_testing::{MLP_SIZES, Mlp, shard_rows, synthetic_rows};
     use std::sync::{Arc, Mutex};
     const WORLD: usize = 3;
     let [input, .., output] = MLP_SIZES;
@@ -344,7 +344,7 @@ impl burn::module::ModuleVisitor<B> for ScaleGrads<'_> {
 fn clipping_equals_clipping_the_concatenated_gradient() {
     use burn::module::Module;
     use burn::optim::{AdamWConfig, Optimizer};
-    use burn_dist::testing::{MLP_SIZES, Mlp, parameters, shard_rows, synthetic_rows};
+    use burn_dist_testing::{MLP_SIZES, Mlp, parameters, shard_rows, synthetic_rows};
     const MAX_NORM: f32 = 0.05;
     let [input, .., output] = MLP_SIZES;
     let results = run_ranks(
@@ -452,7 +452,7 @@ impl burn::module::ModuleVisitor<B> for BurnGradients {
 
 #[test]
 fn an_unknown_stage_is_refused_by_name() {
-    use burn_dist::testing::{MLP_SIZES, Mlp};
+    use burn_dist_testing::{MLP_SIZES, Mlp};
     let comm = HostCommunicator::local_group(1, &CommConfig::default()).remove(0);
     let mut ddp = Ddp::for_thread(comm, DdpConfig::new());
     let model = ddp
@@ -486,7 +486,7 @@ fn the_host_steps_own_thread_pool_gives_the_same_parameters() {
 
 #[test]
 fn zero_host_threads_are_refused_by_name() {
-    use burn_dist::testing::{MLP_SIZES, Mlp};
+    use burn_dist_testing::{MLP_SIZES, Mlp};
     use burn_dist_zero::ZeroError;
     let comm = HostCommunicator::local_group(1, &CommConfig::default()).remove(0);
     let mut ddp = Ddp::for_thread(comm, DdpConfig::new());

@@ -464,7 +464,29 @@ impl Ddp {
         self.reducer.clone()
     }
 
-    /// Runs `f` on this rank's reducer (test-only fault injection, `crate::testing`).
+    /// Fault injection for the overflow tests (burn-dist-testing): adds `value` to the first
+    /// element of this rank's finished ZeRO-2 gradient shard, on the host or the device, as if
+    /// only this rank's own arithmetic had overflowed after the average. Returns false, and
+    /// does nothing, when gradients are not sharded. Panics when no finished shard waits.
+    #[doc(hidden)]
+    pub fn poison_gradient_shard(&self, value: f32) -> bool {
+        self.with_reducer(|reducer| {
+            if !reducer.is_sharded() {
+                return false;
+            }
+            #[cfg(feature = "device")]
+            if reducer.poison_device_shard(value) {
+                return true;
+            }
+            let shard = reducer
+                .finished_shard_mut()
+                .expect("a finished gradient shard to overflow: call it after `Ddp::backward`");
+            shard[0] += value;
+            true
+        })
+    }
+
+    /// Runs `f` on this rank's reducer (test-only fault injection, `poison_gradient_shard`).
     pub(crate) fn with_reducer<R>(&self, f: impl FnOnce(&mut Reducer) -> R) -> R {
         f(&mut lock(&self.reducer))
     }

@@ -48,8 +48,6 @@ pub mod sampler;
 mod scaler;
 mod sharded;
 mod sync;
-#[doc(hidden)]
-pub mod testing;
 mod threads;
 #[cfg(feature = "train")]
 pub mod train;

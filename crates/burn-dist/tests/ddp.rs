@@ -6,13 +6,13 @@ use std::sync::{Arc, Mutex};
 use burn::backend::Autodiff;
 use burn::optim::{AdamConfig, Optimizer};
 use burn::tensor::Tensor;
-use burn_dist::testing::{
-    BurnAdam, MLP_SIZES as MLP, Mlp, Synthetic, TRANSFORMER_WIDTH, TransformerBlock, parameters,
-    shard_rows, synthetic_rows, train_ranks,
-};
 use burn_dist::{BucketConfig, Ddp, DdpConfig, DistError, DistributedBackend, ReducerEvent};
 use burn_dist_comm::testing::run_ranks;
 use burn_dist_comm::{CommConfig, HostCommunicator};
+use burn_dist_testing::{
+    BurnAdam, MLP_SIZES as MLP, Mlp, Synthetic, TRANSFORMER_WIDTH, TransformerBlock, parameters,
+    shard_rows, synthetic_rows, train_ranks,
+};
 use burn_flex::{Flex, FlexDevice};
 
 type B = Autodiff<DistributedBackend<Flex>>;
@@ -64,7 +64,7 @@ fn train(task: Synthetic, world: usize, ddp_config: DdpConfig) -> Vec<Vec<Vec<f3
 }
 
 fn assert_close(got: &[Vec<f32>], reference: &[Vec<f32>], what: &str) {
-    burn_dist::testing::assert_close(got, reference, TOLERANCE, what);
+    burn_dist_testing::assert_close(got, reference, TOLERANCE, what);
 }
 
 fn assert_replicas_identical(ranks: &[Vec<Vec<f32>>]) {
@@ -287,14 +287,14 @@ fn first_bucket_is_reduced_before_the_last_gradient_hook_fires() {
     }
 }
 
-/// `burn_dist::testing::train_with_unused` on the host path (Flex).
+/// `burn_dist_testing::train_with_unused` on the host path (Flex).
 fn train_with_unused(
     world: usize,
     virtual_ranks: usize,
     unused_on: &(dyn Fn(usize) -> bool + Sync),
 ) -> Vec<(Vec<Vec<f32>>, bool)> {
     let make = |comm| Ddp::for_thread(comm, config());
-    burn_dist::testing::train_with_unused::<B>(world, virtual_ranks, unused_on, make, &FlexDevice)
+    burn_dist_testing::train_with_unused::<B>(world, virtual_ranks, unused_on, make, &FlexDevice)
 }
 
 #[test]
@@ -428,7 +428,7 @@ fn dropout_is_reproducible_and_differs_across_ranks_and_steps() {
 #[test]
 fn grad_scaler_unscales_exactly_and_all_ranks_agree_on_overflow() {
     use burn_dist::GradScalerConfig;
-    use burn_dist::testing::overflow_on_this_rank;
+    use burn_dist_testing::overflow_on_this_rank;
     let results = run_ranks(comms(2), |rank, comm| {
         let mut ddp = Ddp::for_thread(comm, config());
         let model = ddp.prepare(Mlp::<B>::new(&MLP, 7, &FlexDevice)).unwrap();

@@ -7,8 +7,8 @@
 
 use burn::backend::Autodiff;
 use burn_cubecl::CubeBackend;
-use burn_dist::testing::{BurnAdam, Synthetic, train_ranks, train_ranks_with};
 use burn_dist::{BucketConfig, Ddp, DdpConfig, DistributedBackend, ReducerStats};
+use burn_dist_testing::{BurnAdam, Synthetic, train_ranks, train_ranks_with};
 use burn_flex::{Flex, FlexDevice};
 use burn_wgpu::{Wgpu, WgpuDevice, WgpuRuntime};
 
@@ -76,7 +76,7 @@ fn model_bytes(params: &[Vec<f32>]) -> u64 {
 fn assert_twin(ranks: &[(Vec<Vec<f32>>, ReducerStats)], reference: &[Vec<f32>], what: &str) {
     let per_step = model_bytes(reference);
     for (rank, (params, stats)) in ranks.iter().enumerate() {
-        burn_dist::testing::assert_close(
+        burn_dist_testing::assert_close(
             params,
             reference,
             TOLERANCE,
@@ -144,7 +144,7 @@ fn accumulation_on_the_device_path_equals_one_step_on_the_whole_batch() {
 
 #[test]
 fn a_flex_gradient_on_a_wgpu_device_reducer_fails_naming_both_backends() {
-    use burn_dist::testing::{MLP_SIZES, Mlp};
+    use burn_dist_testing::{MLP_SIZES, Mlp};
     burn_dist_kernels::testing::wgpu_client();
     let comm = burn_dist_comm::HostCommunicator::local_group(1, &Default::default())
         .pop()
@@ -174,7 +174,7 @@ fn a_flex_gradient_on_a_wgpu_device_reducer_fails_naming_both_backends() {
 /// process) on the device path.
 #[test]
 fn unused_parameters_on_the_device_path_are_averaged_or_left_without_gradient() {
-    use burn_dist::testing::train_with_unused;
+    use burn_dist_testing::train_with_unused;
     burn_dist_kernels::testing::wgpu_client();
     let device = WgpuDevice::default();
     let make = |comm| Ddp::for_thread_staged::<Wgpu>(comm, config(), &device);
@@ -190,7 +190,7 @@ fn unused_parameters_on_the_device_path_are_averaged_or_left_without_gradient() 
         let everywhere_unused = world == 2;
         for (rank, (params, got)) in ranks.iter().enumerate() {
             let what = format!("{world} ranks, rank {rank}");
-            burn_dist::testing::assert_close(params, &reference.0, TOLERANCE, &what);
+            burn_dist_testing::assert_close(params, &reference.0, TOLERANCE, &what);
             assert!(params == &ranks[0].0, "{what}: differs from rank 0");
             assert_eq!(
                 *got, !everywhere_unused,

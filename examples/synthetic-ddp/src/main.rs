@@ -13,8 +13,8 @@ use std::io::Write;
 use std::process::ExitCode;
 
 use burn::backend::Autodiff;
-use burn_dist::testing::{BurnAdam, Synthetic, train_synthetic};
 use burn_dist::{Ddp, DdpConfig, DistributedBackend};
+use burn_dist_testing::{BurnAdam, Synthetic, train_synthetic};
 use burn_flex::{Flex, FlexDevice};
 use clap::{Parser, ValueEnum};
 

@@ -19,8 +19,8 @@ use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use burn_dist::testing::processes::{kill_announced, launch, read_f32s, scratch_dir, watch};
 use burn_dist_kernels::testing::Rng;
+use burn_dist_testing::processes::{kill_announced, launch, read_f32s, scratch_dir, watch};
 use burn_dist_zero::checkpoint;
 
 const WORLD: usize = 3;

@@ -13,7 +13,7 @@ use std::path::Path;
 use std::process::{Command, ExitStatus, Stdio};
 use std::time::Duration;
 
-use burn_dist::testing::processes::{kill_announced, launcher, read_f32s, scratch_dir, watch};
+use burn_dist_testing::processes::{kill_announced, launcher, read_f32s, scratch_dir, watch};
 use burn_dist_zero::checkpoint;
 
 const TIMEOUT: Duration = Duration::from_secs(120);

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use burn_dist::testing::processes::{launch, scratch_dir, watch};
+use burn_dist_testing::processes::{launch, scratch_dir, watch};
 use burn_dist_zero::checkpoint;
 
 /// `synthetic-zero` on 2 ranks through the launcher, 6 steps, a checkpoint every 2 in `ckpt`;

@@ -15,7 +15,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use burn_dist::testing::processes::{launcher, read_f32s, scratch_dir, watch, watch_all};
+use burn_dist_testing::processes::{launcher, read_f32s, scratch_dir, watch, watch_all};
 
 /// The longest the job may go without printing a line before the test calls it hung (the
 /// second round waits `LAST_CALL` for a third node that never comes; the first closes at once

@@ -4,12 +4,12 @@
 use std::process::Command;
 
 use burn::backend::Autodiff;
-use burn_dist::testing::{BurnAdam, Synthetic, relative_error, train_synthetic};
 use burn_dist::{Ddp, DdpConfig, DistributedBackend};
 use burn_dist_comm::{CommConfig, HostCommunicator};
+use burn_dist_testing::{BurnAdam, Synthetic, relative_error, train_synthetic};
 use burn_flex::{Flex, FlexDevice};
 
-use burn_dist::testing::processes::{launcher, read_f32s};
+use burn_dist_testing::processes::{launcher, read_f32s};
 
 type B = Autodiff<DistributedBackend<Flex>>;
 

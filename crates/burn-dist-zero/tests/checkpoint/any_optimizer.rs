@@ -5,10 +5,10 @@
 use std::path::Path;
 
 use burn::optim::{AdamWConfig, Optimizer};
-use burn_dist::testing::{MLP_SIZES, Mlp, assert_close, parameters, shard_rows};
 use burn_dist::{Ddp, DdpConfig};
 use burn_dist_comm::testing::run_ranks;
 use burn_dist_comm::{CommConfig, HostCommunicator};
+use burn_dist_testing::{MLP_SIZES, Mlp, assert_close, parameters, shard_rows};
 use burn_dist_zero::ZeroAdamConfig;
 use burn_dist_zero::checkpoint::{
     self, MANIFEST, Manifest, OPTIMIZER_FILE, OptimizerState, TrainingState,

@@ -11,10 +11,10 @@ use std::path::{Path, PathBuf};
 
 use burn::backend::Autodiff;
 use burn::tensor::Tensor;
-use burn_dist::testing::{MLP_SIZES, Mlp, assert_close, parameters, shard_rows, synthetic_rows};
 use burn_dist::{Ddp, DdpConfig, DistributedBackend, GradScalerConfig};
 use burn_dist_comm::testing::run_ranks;
 use burn_dist_comm::{CommConfig, HostCommunicator};
+use burn_dist_testing::{MLP_SIZES, Mlp, assert_close, parameters, shard_rows, synthetic_rows};
 use burn_dist_zero::checkpoint::{
     self, CheckpointError, MANIFEST, MODEL_FILE, SaveStage, TrainingState,
 };

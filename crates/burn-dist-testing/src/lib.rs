@@ -1,5 +1,7 @@
-//! Scaffolding shared by the tests, benches and examples: the models of `burn-dist-models`,
-//! parameter extraction, and the synthetic training loop. Not part of the stable API.
+//! Scaffolding shared by burn-dist's tests, benches and examples: the models of
+//! `burn-dist-models`, parameter extraction, the synthetic training loop with any optimizer
+//! (Burn's or ZeroAdam, errors as values), and fault injection. Not published: the published
+//! crates use it only as a dev-dependency.
 
 use burn::tensor::ElementConversion;
 pub use burn_dist_models::*;
@@ -25,7 +27,7 @@ pub const SEQUENCE: usize = 5;
 /// equivalence tests run exactly this loop.
 #[allow(clippy::too_many_arguments)] // a test helper: each argument is one knob of the run
 pub fn train_synthetic<B: burn::tensor::backend::AutodiffBackend>(
-    ddp: &mut crate::Ddp,
+    ddp: &mut burn_dist::Ddp,
     task: Synthetic,
     optimizer: &impl OptimizerKind,
     steps: usize,
@@ -33,7 +35,7 @@ pub fn train_synthetic<B: burn::tensor::backend::AutodiffBackend>(
     lr: f64,
     device: &B::Device,
     on_step: impl FnMut(usize, f32),
-) -> crate::Result<Vec<Vec<f32>>> {
+) -> burn_dist::Result<Vec<Vec<f32>>> {
     let [input, .., output] = MLP_SIZES;
     let (width, seq) = (TRANSFORMER_WIDTH, SEQUENCE);
     match task {
@@ -89,7 +91,7 @@ pub fn train_synthetic<B: burn::tensor::backend::AutodiffBackend>(
 
 #[allow(clippy::too_many_arguments)] // as train_synthetic
 fn train_loop<B, M>(
-    ddp: &mut crate::Ddp,
+    ddp: &mut burn_dist::Ddp,
     model: M,
     optimizer: &impl OptimizerKind,
     steps: usize,
@@ -97,7 +99,7 @@ fn train_loop<B, M>(
     lr: f64,
     mut on_step: impl FnMut(usize, f32),
     loss: impl Fn(&M, usize, std::ops::Range<usize>) -> burn::tensor::Tensor<B, 1>,
-) -> crate::Result<Vec<Vec<f32>>>
+) -> burn_dist::Result<Vec<Vec<f32>>>
 where
     B: burn::tensor::backend::AutodiffBackend,
     M: burn::module::AutodiffModule<B> + 'static,
@@ -128,16 +130,16 @@ where
 pub trait Stepper<B: burn::tensor::backend::AutodiffBackend, M: burn::module::AutodiffModule<B>> {
     fn step(
         &mut self,
-        ddp: &crate::Ddp,
+        ddp: &burn_dist::Ddp,
         lr: f64,
         model: M,
         grads: burn::optim::GradientsParams,
-    ) -> crate::Result<M>;
+    ) -> burn_dist::Result<M>;
 }
 
 /// Builds the optimizer of a training run once the model's type is known.
 pub trait OptimizerKind {
-    fn build<B, M>(&self, ddp: &crate::Ddp, model: &M) -> Box<dyn Stepper<B, M>>
+    fn build<B, M>(&self, ddp: &burn_dist::Ddp, model: &M) -> Box<dyn Stepper<B, M>>
     where
         B: burn::tensor::backend::AutodiffBackend,
         M: burn::module::AutodiffModule<B> + 'static;
@@ -154,11 +156,11 @@ where
 {
     fn step(
         &mut self,
-        _ddp: &crate::Ddp,
+        _ddp: &burn_dist::Ddp,
         lr: f64,
         model: M,
         grads: burn::optim::GradientsParams,
-    ) -> crate::Result<M> {
+    ) -> burn_dist::Result<M> {
         Ok(self.0.step(lr, model, grads))
     }
 }
@@ -167,7 +169,7 @@ where
 pub struct BurnAdam;
 
 impl OptimizerKind for BurnAdam {
-    fn build<B, M>(&self, _ddp: &crate::Ddp, _model: &M) -> Box<dyn Stepper<B, M>>
+    fn build<B, M>(&self, _ddp: &burn_dist::Ddp, _model: &M) -> Box<dyn Stepper<B, M>>
     where
         B: burn::tensor::backend::AutodiffBackend,
         M: burn::module::AutodiffModule<B> + 'static,
@@ -180,7 +182,7 @@ impl OptimizerKind for BurnAdam {
 pub struct BurnAdamW;
 
 impl OptimizerKind for BurnAdamW {
-    fn build<B, M>(&self, _ddp: &crate::Ddp, _model: &M) -> Box<dyn Stepper<B, M>>
+    fn build<B, M>(&self, _ddp: &burn_dist::Ddp, _model: &M) -> Box<dyn Stepper<B, M>>
     where
         B: burn::tensor::backend::AutodiffBackend,
         M: burn::module::AutodiffModule<B> + 'static,
@@ -196,7 +198,7 @@ impl OptimizerKind for BurnAdamW {
 #[allow(clippy::too_many_arguments)] // as train_synthetic
 pub fn train_ranks<B: burn::tensor::backend::AutodiffBackend>(
     world: usize,
-    config: &crate::DdpConfig,
+    config: &burn_dist::DdpConfig,
     task: Synthetic,
     optimizer: &(impl OptimizerKind + Sync),
     steps: usize,
@@ -204,7 +206,7 @@ pub fn train_ranks<B: burn::tensor::backend::AutodiffBackend>(
     lr: f64,
     device: &B::Device,
 ) -> Vec<Vec<Vec<f32>>> {
-    let make = |comm| crate::Ddp::for_thread(comm, config.clone());
+    let make = |comm| burn_dist::Ddp::for_thread(comm, config.clone());
     train_ranks_with::<B>(
         world,
         make,
@@ -225,14 +227,14 @@ pub fn train_ranks<B: burn::tensor::backend::AutodiffBackend>(
 #[allow(clippy::too_many_arguments)] // as train_synthetic
 pub fn train_ranks_with<B: burn::tensor::backend::AutodiffBackend>(
     world: usize,
-    make_ddp: impl Fn(burn_dist_comm::HostCommunicator) -> crate::Ddp + Sync,
+    make_ddp: impl Fn(burn_dist_comm::HostCommunicator) -> burn_dist::Ddp + Sync,
     task: Synthetic,
     optimizer: &(impl OptimizerKind + Sync),
     steps: usize,
     global_batch: usize,
     lr: f64,
     device: &B::Device,
-) -> Vec<(Vec<Vec<f32>>, crate::ReducerStats)> {
+) -> Vec<(Vec<Vec<f32>>, burn_dist::ReducerStats)> {
     let comms = burn_dist_comm::HostCommunicator::local_group(
         world,
         &burn_dist_comm::CommConfig::default(),
@@ -263,7 +265,7 @@ pub fn train_with_unused<B: burn::tensor::backend::AutodiffBackend>(
     world: usize,
     virtual_ranks: usize,
     unused_on: &(dyn Fn(usize) -> bool + Sync),
-    make_ddp: impl Fn(burn_dist_comm::HostCommunicator) -> crate::Ddp + Sync,
+    make_ddp: impl Fn(burn_dist_comm::HostCommunicator) -> burn_dist::Ddp + Sync,
     device: &B::Device,
 ) -> Vec<(Vec<Vec<f32>>, bool)> {
     use burn::optim::Optimizer;
@@ -317,7 +319,7 @@ pub fn train_with_unused<B: burn::tensor::backend::AutodiffBackend>(
 /// cannot spread it: only a cross-rank found-inf agreement can tell the other ranks. Panics
 /// when a stage-2 rank has no finished shard waiting.
 pub fn overflow_on_this_rank<B, M>(
-    ddp: &crate::Ddp,
+    ddp: &burn_dist::Ddp,
     grads: burn::optim::GradientsParams,
     model: &M,
 ) -> burn::optim::GradientsParams
@@ -325,17 +327,7 @@ where
     B: burn::tensor::backend::AutodiffBackend,
     M: burn::module::AutodiffModule<B>,
 {
-    if ddp.with_reducer(|reducer| reducer.is_sharded()) {
-        #[cfg(feature = "device")]
-        if ddp.with_reducer(|reducer| reducer.poison_device_shard(f32::INFINITY)) {
-            return grads;
-        }
-        ddp.with_reducer(|reducer| {
-            let shard = reducer
-                .finished_shard_mut()
-                .expect("a finished gradient shard to overflow: call it after `Ddp::backward`");
-            shard[0] += f32::INFINITY;
-        });
+    if ddp.poison_gradient_shard(f32::INFINITY) {
         return grads;
     }
     let mut overflow = Overflow::<B> {
@@ -361,5 +353,37 @@ impl<B: burn::tensor::backend::AutodiffBackend> burn::module::ModuleVisitor<B> f
             self.grads
                 .register(param.id, grad.add_scalar(f32::INFINITY));
         }
+    }
+}
+
+/// ZeroAdam, as the harness builds and steps it.
+impl OptimizerKind for burn_dist_zero::ZeroAdamConfig {
+    fn build<B, M>(&self, ddp: &burn_dist::Ddp, model: &M) -> Box<dyn Stepper<B, M>>
+    where
+        B: burn::tensor::backend::AutodiffBackend,
+        M: burn::module::AutodiffModule<B> + 'static,
+    {
+        Box::new(
+            self.init::<B, M>(ddp, model)
+                .expect("ZeroAdam for a prepared model"),
+        )
+    }
+}
+
+impl<B, M> Stepper<B, M> for burn_dist_zero::ZeroAdam
+where
+    B: burn::tensor::backend::AutodiffBackend,
+    M: burn::module::AutodiffModule<B>,
+{
+    fn step(
+        &mut self,
+        ddp: &burn_dist::Ddp,
+        lr: f64,
+        model: M,
+        grads: burn::optim::GradientsParams,
+    ) -> burn_dist::Result<M> {
+        burn_dist_zero::ZeroAdam::step(self, lr, model, grads, ddp)
+            .map(|(model, _)| model)
+            .map_err(|e| burn_dist::DistError::Usage(e.to_string()))
     }
 }
