@@ -164,3 +164,45 @@ pub fn watch_all(
         .map(|c| c.wait().expect("waiting for a child"));
     statuses.zip(transcripts).collect()
 }
+
+/// [`watch_all`] for an elastic job that loses a node: kills (SIGKILL) the first node whose
+/// output has a line starting with `announce`, and returns every node's exit status and lines,
+/// and which node it killed. Panics with the transcripts when no node announced.
+pub fn watch_all_killing_first(
+    children: &mut [Child],
+    quiet: Duration,
+    announce: &str,
+) -> (Vec<(ExitStatus, Vec<String>)>, usize) {
+    let mut victim = None;
+    let ended = watch_all(children, quiet, |who, line| {
+        let kill = victim.is_none() && line.starts_with(announce);
+        if kill {
+            victim = Some(who);
+        }
+        kill
+    });
+    let victim = victim.unwrap_or_else(|| panic!("no node wrote `{announce}`:\n{ended:#?}"));
+    (ended, victim)
+}
+
+/// Every node but `victim` succeeded after two rendezvous rounds, the first at world size
+/// `first_world` and the second at `first_world - 1` (each node runs one rank).
+pub fn assert_survivors_met_again(
+    ended: &[(ExitStatus, Vec<String>)],
+    victim: usize,
+    first_world: usize,
+) {
+    let round = "burn-dist-run: rendezvous: this is node ";
+    for (who, (status, lines)) in ended.iter().enumerate() {
+        if who == victim {
+            continue;
+        }
+        assert!(status.success(), "node {who}: {status}\n{lines:#?}");
+        let rounds: Vec<&String> = lines.iter().filter(|l| l.starts_with(round)).collect();
+        assert_eq!(rounds.len(), 2, "node {who}: {lines:#?}");
+        for (r, world) in rounds.iter().zip([first_world, first_world - 1]) {
+            let expected = format!(" of {world} (world size {world})");
+            assert!(r.contains(&expected), "node {who}: {r}");
+        }
+    }
+}

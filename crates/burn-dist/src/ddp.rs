@@ -446,17 +446,7 @@ impl Ddp {
     /// ZeRO stage 2: this rank's shard of the last accumulation window's mean gradient, and
     /// which parameters any rank used. Once per window.
     pub fn take_gradient_shard(&self) -> Result<GradientShard> {
-        lock(&self.reducer).take_gradient_shard()
-    }
-
-    /// ZeRO stage 2 on the device path: [`Ddp::take_gradient_shard`] without leaving device
-    /// memory. The shard is a `burn_cubecl::tensor::CubeTensor<R>` of the device path's runtime
-    /// (f32, one element per element of this rank's flat shard), erased because `Ddp` is not
-    /// generic; ZeroAdam's device state takes it as its gradient buffer.
-    #[cfg(feature = "device")]
-    #[doc(hidden)]
-    pub fn take_device_gradient_shard(&self) -> Result<(Box<dyn std::any::Any>, Vec<bool>)> {
-        lock(&self.reducer).take_device_gradient_shard()
+        self.sync_handle().take_gradient_shard()
     }
 
     /// This rank's reducer, for handles that outlive a borrow of `Ddp`.

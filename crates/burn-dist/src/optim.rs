@@ -57,7 +57,10 @@ impl SyncHandle {
         lock(&self.reducer).take_gradient_shard()
     }
 
-    /// ZeRO stage 2 on the device path: see [`Ddp::take_device_gradient_shard`].
+    /// ZeRO stage 2 on the device path: [`SyncHandle::take_gradient_shard`] without leaving
+    /// device memory. The shard is a `burn_cubecl::tensor::CubeTensor<R>` of the device path's
+    /// runtime (f32, one element per element of this rank's flat shard), erased because the
+    /// handle is not generic; ZeroAdam's device state takes it as its gradient buffer.
     #[cfg(feature = "device")]
     #[doc(hidden)]
     pub fn take_device_gradient_shard(&self) -> Result<(Box<dyn std::any::Any>, Vec<bool>)> {

@@ -11,7 +11,9 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use burn_dist_models::processes::{launcher, scratch_dir, watch, watch_all};
+use burn_dist_models::processes::{
+    assert_survivors_met_again, launcher, scratch_dir, watch, watch_all_killing_first,
+};
 use gpt_pretrain::metrics;
 
 /// The longest the job may go without printing a line (the second round of the rendezvous
@@ -92,28 +94,13 @@ fn a_lost_node_leaves_two_that_resume_resharded_within_0_02_nats_of_an_uninterru
         .port();
     let (port, elastic) = (port.to_string(), root.join("elastic"));
     let mut nodes: Vec<Child> = (0..3).map(|_| node(&port, &elastic)).collect();
-    let mut victim = None;
-    let ended = watch_all(&mut nodes, QUIET, |who, line| {
-        let kill = victim.is_none() && line.starts_with("[rank 2] paused after step 5 on rank 2");
-        if kill {
-            victim = Some(who);
-        }
-        kill
-    });
-    let victim = victim.expect("rank 2 paused after step 5");
+    let announce = "[rank 2] paused after step 5 on rank 2";
+    let (ended, victim) = watch_all_killing_first(&mut nodes, QUIET, announce);
     let host = ended
         .iter()
         .position(|(_, lines)| lines.iter().any(|l| l.starts_with("[rank 0] ")))
         .expect("a node ran rank 0");
-    for (who, (status, lines)) in ended.iter().enumerate() {
-        if who != victim {
-            assert!(status.success(), "node {who}: {status}\n{lines:#?}");
-            let round = "burn-dist-run: rendezvous: this is node ";
-            let rounds: Vec<&String> = lines.iter().filter(|l| l.starts_with(round)).collect();
-            assert_eq!(rounds.len(), 2, "{lines:#?}");
-            assert!(rounds[1].contains(" of 2 (world size 2)"), "{}", rounds[1]);
-        }
-    }
+    assert_survivors_met_again(&ended, victim, 3);
     let lines = &ended[host].1;
     let resumed = "[rank 0] restart 1: resumed at step 4";
     assert!(lines.iter().any(|l| l == resumed), "{lines:#?}");

@@ -12,10 +12,15 @@
 
 use std::net::TcpListener;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::Duration;
 
-use burn_dist_testing::processes::{launcher, read_f32s, scratch_dir, watch, watch_all};
+use burn_dist_testing::processes::{
+    assert_survivors_met_again, launcher, read_f32s, scratch_dir, watch, watch_all_killing_first,
+};
+use common::synthetic_zero;
+
+mod common;
 
 /// The longest the job may go without printing a line before the test calls it hung (the
 /// second round waits `LAST_CALL` for a third node that never comes; the first closes at once
@@ -25,24 +30,7 @@ const LAST_CALL: &str = "5";
 const STEPS: &str = "12";
 
 fn program(command: &mut Command, dir: &Path, out: &Path, extra: &[&str]) {
-    command
-        .arg("--")
-        .arg(env!("CARGO_BIN_EXE_synthetic-zero"))
-        .args([
-            "--steps",
-            STEPS,
-            "--checkpoint-every",
-            "2",
-            "--checkpoint-dir",
-        ])
-        .arg(dir)
-        .arg("--out")
-        .arg(out)
-        .args(extra)
-        .env("BURN_DIST_TIMEOUT_SECS", "60")
-        .env_remove("BURN_DIST_RESTART_COUNT")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+    synthetic_zero(command, STEPS, dir, out, extra);
 }
 
 /// One node: `burn-dist-run --nnodes 2:3 --nproc-per-node 1` at the rendezvous on `port`.
@@ -102,16 +90,8 @@ fn a_lost_node_leaves_two_that_go_on_at_world_size_2_from_the_newest_checkpoint(
     let (dir, out) = (root.join("elastic"), root.join("elastic.bin"));
     // Whichever launcher binds the rendezvous first hosts it and is node 0, with rank 0.
     let mut nodes: Vec<Child> = (0..3).map(|_| node(&port, &dir, &out)).collect();
-    let mut victim = None;
-    let ended = watch_all(&mut nodes, QUIET, |who, line| {
-        let kill =
-            victim.is_none() && line.starts_with("[rank 2] paused after step 5 on rank 2 (pid ");
-        if kill {
-            victim = Some(who);
-        }
-        kill
-    });
-    let victim = victim.expect("rank 2 paused after step 5");
+    let announce = "[rank 2] paused after step 5 on rank 2 (pid ";
+    let (ended, victim) = watch_all_killing_first(&mut nodes, QUIET, announce);
     let host = ended
         .iter()
         .position(|(_, lines)| {
@@ -121,16 +101,7 @@ fn a_lost_node_leaves_two_that_go_on_at_world_size_2_from_the_newest_checkpoint(
         })
         .expect("a launcher hosts the rendezvous");
     assert_ne!(victim, host, "the hosting launcher is node 0, never rank 2");
-    for (who, (status, lines)) in ended.iter().enumerate() {
-        if who != victim {
-            assert!(status.success(), "node {who}: {status}\n{lines:#?}");
-            let round = "burn-dist-run: rendezvous: this is node ";
-            let rounds: Vec<&String> = lines.iter().filter(|l| l.starts_with(round)).collect();
-            assert_eq!(rounds.len(), 2, "{lines:#?}");
-            assert!(rounds[0].contains(" of 3 (world size 3)"), "{}", rounds[0]);
-            assert!(rounds[1].contains(" of 2 (world size 2)"), "{}", rounds[1]);
-        }
-    }
+    assert_survivors_met_again(&ended, victim, 3);
 
     // Rank 0 (on the hosting node) trained steps 0 to 5 at world size 3, then resumed from the
     // checkpoint of step 4 at world size 2: the same data position, and the loss of step 4 that

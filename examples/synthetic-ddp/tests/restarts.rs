@@ -5,10 +5,13 @@
 //! which checkpoint is the newest at each kill is known and the test needs no timing.
 
 use std::path::Path;
-use std::process::{Command, ExitStatus, Stdio};
+use std::process::{Command, ExitStatus};
 use std::time::Duration;
 
 use burn_dist_testing::processes::{kill_announced, launcher, read_f32s, scratch_dir, watch};
+use common::synthetic_zero;
+
+mod common;
 
 /// The longest the job may go without printing a line before the test calls it hung.
 const QUIET: Duration = Duration::from_secs(120);
@@ -22,27 +25,12 @@ fn job(
     out: &Path,
     on_line: impl FnMut(&str),
 ) -> (ExitStatus, Vec<String>) {
-    let mut child = Command::new(launcher())
+    let mut command = Command::new(launcher());
+    command
         .args(["--nproc-per-node", "2", "--master-port", "0"])
         .args(["--stop-grace-secs", "2"])
-        .args(launcher_args)
-        .arg("--")
-        .arg(env!("CARGO_BIN_EXE_synthetic-zero"))
-        .args([
-            "--steps",
-            "8",
-            "--checkpoint-every",
-            "2",
-            "--checkpoint-dir",
-        ])
-        .arg(dir)
-        .arg("--out")
-        .arg(out)
-        .args(program_args)
-        .env("BURN_DIST_TIMEOUT_SECS", "60")
-        .env_remove("BURN_DIST_RESTART_COUNT")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
+        .args(launcher_args);
+    let mut child = synthetic_zero(&mut command, "8", dir, out, program_args)
         .spawn()
         .expect("starting burn-dist-run");
     watch(&mut child, QUIET, on_line)
