@@ -86,7 +86,25 @@ pub fn connect(
 ) -> Result<HostCommunicator> {
     store.wait_for_every_rank()?;
     let transport = mesh::connect(rank, world, store, token, config)?;
-    HostCommunicator::new(Box::new(transport))
+    let comm = HostCommunicator::new(Box::new(transport))?;
+    // Rank 0 hosts the store, and a peer may still read its last set-up keys from it (a
+    // shared-memory verdict) after rank 0 has read all of its own: a rank 0 that returned and
+    // exited at once (a job that only joins, or a rank 0 that fails right after) would close
+    // the store under it. So every other rank says when it is done with the store, and rank 0
+    // returns only then. (Not a barrier on `comm`: that would be every job's collective #0.)
+    if rank == 0 {
+        for peer in 1..world {
+            store.get(&connected_key(peer))?;
+        }
+    } else {
+        store.set(&connected_key(rank), b"")?;
+    }
+    Ok(comm)
+}
+
+/// The store key by which `rank` says it has finished connecting.
+fn connected_key(rank: usize) -> String {
+    format!("burn-dist/connected/{rank}")
 }
 
 #[cfg(test)]
