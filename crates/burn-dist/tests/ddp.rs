@@ -379,6 +379,61 @@ fn forgetting_to_mark_micro_batches_is_an_error_not_a_silent_divergence() {
     }
 }
 
+/// A model that `prepare` never saw, marked for sync, and its loss on one batch.
+fn stranger_and_loss() -> (Mlp<B>, Tensor<B, 1>) {
+    let stranger = burn_dist::mark_for_sync(Mlp::<B>::new(&MLP, 8, &FlexDevice));
+    let loss = stranger
+        .forward(rows(0, 0, [GLOBAL_BATCH, MLP[0]], 0..GLOBAL_BATCH))
+        .mean();
+    (stranger, loss)
+}
+
+#[test]
+fn a_hook_error_comes_back_from_ddp_backward() {
+    let comm = comms(1).remove(0);
+    let mut ddp = Ddp::for_thread(comm, config());
+    ddp.prepare(Mlp::<B>::new(&MLP, 7, &FlexDevice)).unwrap();
+    let (stranger, loss) = stranger_and_loss();
+    let error = ddp.backward(loss, &stranger).err();
+    assert!(
+        matches!(error, Some(DistError::UnknownParameter { .. })),
+        "{error:?}"
+    );
+}
+
+#[test]
+fn a_hook_error_in_a_plain_backward_panics_naming_it() {
+    // A thread of its own: the panic unwinds out of Burn's backward.
+    let panic = std::thread::spawn(|| {
+        let comm = comms(1).remove(0);
+        let mut ddp = Ddp::for_thread(comm, config());
+        ddp.prepare(Mlp::<B>::new(&MLP, 7, &FlexDevice)).unwrap();
+        let (_stranger, loss) = stranger_and_loss();
+        let _ = loss.backward();
+    })
+    .join()
+    .expect_err("a plain backward with a hook error did not panic");
+    let message = panic.downcast_ref::<String>().cloned().unwrap_or_default();
+    assert!(
+        message.contains("gradient synchronization failed")
+            && message.contains("is not registered with the reducer"),
+        "{message}"
+    );
+}
+
+#[test]
+fn the_host_path_counts_every_gradient_byte_it_reads() {
+    let comm = comms(1).remove(0);
+    let mut ddp = Ddp::for_thread(comm, config());
+    let model = ddp.prepare(Mlp::<B>::new(&MLP, 7, &FlexDevice)).unwrap();
+    let loss = model
+        .forward(rows(0, 0, [GLOBAL_BATCH, MLP[0]], 0..GLOBAL_BATCH))
+        .mean();
+    ddp.backward(loss, &model).unwrap().unwrap();
+    let f32_bytes: usize = ddp.params().iter().map(|p| 4 * p.numel()).sum();
+    assert_eq!(ddp.stats().bytes_to_host, f32_bytes as u64);
+}
+
 #[test]
 fn module_without_ddp_is_untouched_by_the_hooks() {
     // No reducer installed on this thread: hooks do nothing and backward is plain Burn's.
