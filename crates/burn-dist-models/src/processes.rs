@@ -68,39 +68,11 @@ pub fn watch(
     quiet: Duration,
     mut on_line: impl FnMut(&str),
 ) -> (ExitStatus, Vec<String>) {
-    let (lines, seen) = mpsc::channel();
-    let streams: [Option<Box<dyn Read + Send>>; 2] = [
-        child.stdout.take().map(|s| Box::new(s) as _),
-        child.stderr.take().map(|s| Box::new(s) as _),
-    ];
-    for stream in streams.into_iter().flatten() {
-        let lines = lines.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stream).lines().map_while(Result::ok) {
-                if lines.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-    }
-    drop(lines);
-    let mut transcript = Vec::new();
-    loop {
-        match seen.recv_timeout(quiet) {
-            Ok(line) => {
-                on_line(&line);
-                transcript.push(line);
-            }
-            // Every stream is closed: the process has exited (or is about to).
-            Err(mpsc::RecvTimeoutError::Disconnected) => break,
-            Err(mpsc::RecvTimeoutError::Timeout) => {
-                let _ = child.kill();
-                panic!("no output for {quiet:?}:\n{}", transcript.join("\n"));
-            }
-        }
-    }
-    let status = child.wait().expect("waiting for the child");
-    (status, transcript)
+    let mut ended = watch_all(std::slice::from_mut(child), quiet, |_, line| {
+        on_line(line);
+        false
+    });
+    ended.remove(0)
 }
 
 /// `burn-dist-run --nproc-per-node <nproc> --master-port 0 --stop-grace-secs 2 -- <program>`,
