@@ -243,9 +243,7 @@ where
     /// [`ZeroAdam::step`] on the gradients that backward averaged (or, at stage 2, the
     /// reducer's shard of them), after checking that a synchronized backward produced them.
     fn step(&mut self, lr: f64, module: M, grads: GradientsParams) -> M {
-        if let Err(error) = self.check.step() {
-            panic!("{error}");
-        }
+        self.check.expect_synced();
         let handle = self.check.handle().clone();
         or_panic(self.lock().step::<B, M>(lr, module, grads, &handle, 1.0)).0
     }

@@ -98,6 +98,14 @@ impl SyncCheck {
         self.seen = now;
         Ok(())
     }
+
+    /// [`SyncCheck::step`] for Burn's `Optimizer::step`, which cannot return an error: panics
+    /// with [`DistError::UnsyncedStep`]'s message, which names the fix.
+    pub fn expect_synced(&mut self) {
+        if let Err(error) = self.step() {
+            panic!("{error}");
+        }
+    }
 }
 
 /// Any Burn optimizer, checked to step only on gradients averaged over the ranks: the same
@@ -126,9 +134,7 @@ where
     type Record = O::Record;
 
     fn step(&mut self, lr: f64, module: M, grads: GradientsParams) -> M {
-        if let Err(error) = self.check.step() {
-            panic!("{error}");
-        }
+        self.check.expect_synced();
         self.inner.step(lr, module, grads)
     }
 
