@@ -113,9 +113,7 @@ fn target_dir() -> std::path::PathBuf {
 }
 
 /// The crates meant for crates.io, packaged in one `cargo package` so that each one's path
-/// dependencies on the others resolve to the packages being made. burn-dist and burn-dist-zero
-/// are not in it yet: burn-dist's doc-hidden `testing` module depends on the test models
-/// (burn-dist-models, publish = false) at run time (docs/testing.md, "Packaging").
+/// dependencies on the others resolve to the packages being made.
 const PUBLISHED: [&str; 6] = [
     "burn-dist-comm",
     "burn-dist-device",
@@ -131,11 +129,91 @@ const PUBLISHED: [&str; 6] = [
 /// files build on their own, and that no dependency outside dev-dependencies is unpublished.
 /// `--allow-dirty`: a developer runs it with uncommitted work.
 fn package() -> Result<(), String> {
+    forget_earlier_packages()?;
     let mut args = vec!["package", "--locked", "--allow-dirty"];
     for name in PUBLISHED {
         args.extend(["-p", name]);
     }
     cargo(&args)
+}
+
+/// Makes cargo unpack and build [`PUBLISHED`] afresh when it verifies them.
+///
+/// To verify a crate against the others, cargo puts them in a temporary registry, unpacks each
+/// into `$CARGO_HOME/registry/src/<that registry>/<name>-<version>` and builds it into the
+/// shared target dir. Cargo takes a registry crate of a given version to be immutable: it skips
+/// the unpacking when that directory exists and the build when one of that version exists. Our
+/// version does not change between commits, so without this a dependent crate is verified
+/// against the sources of the last packaging (CI failed this way when burn-dist-zero called a
+/// method burn-dist had just gained).
+fn forget_earlier_packages() -> Result<(), String> {
+    let cargo_home = std::env::var_os("CARGO_HOME")
+        .map(std::path::PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|home| std::path::Path::new(&home).join(".cargo")))
+        .ok_or("neither CARGO_HOME nor HOME is set")?;
+    // An unpacked crates.io crate of the same name would be unpacked again from cargo's
+    // download cache, so removing every match is safe.
+    for registry in entries(&cargo_home.join("registry/src")) {
+        for unpacked in entries(&registry) {
+            if is_unpacked_published_crate(&unpacked) {
+                remove_dir(&unpacked)?;
+            }
+        }
+    }
+    // Builds are found through rustc's dep-info (`deps/<crate>-<hash>.d`, which names the
+    // sources): the ones built from a registry lose their fingerprint
+    // (`.fingerprint/<name>-<hash>`), so cargo builds them again.
+    let debug = target_dir().join("debug");
+    for dep_info in entries(&debug.join("deps")) {
+        let Some(stem) = dep_info
+            .extension()
+            .filter(|ext| *ext == "d")
+            .and(dep_info.file_stem())
+            .map(|stem| stem.to_string_lossy().into_owned())
+        else {
+            continue;
+        };
+        let Some((crate_name, hash)) = stem.rsplit_once('-') else {
+            continue;
+        };
+        let Some(name) = PUBLISHED
+            .iter()
+            .find(|name| name.replace('-', "_") == crate_name)
+        else {
+            continue;
+        };
+        let from_a_registry = std::fs::read_to_string(&dep_info)
+            .is_ok_and(|sources| sources.contains("/registry/src/"));
+        let fingerprint = debug.join(".fingerprint").join(format!("{name}-{hash}"));
+        if from_a_registry && fingerprint.exists() {
+            remove_dir(&fingerprint)?;
+        }
+    }
+    Ok(())
+}
+
+/// The entries of a directory; none when it cannot be read (it was never made).
+fn entries(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    std::fs::read_dir(dir)
+        .map(|entries| entries.flatten().map(|entry| entry.path()).collect())
+        .unwrap_or_default()
+}
+
+/// Whether `path` is named `<one of PUBLISHED>-<version>`.
+fn is_unpacked_published_crate(path: &std::path::Path) -> bool {
+    let Some(name) = path.file_name() else {
+        return false;
+    };
+    let name = name.to_string_lossy();
+    PUBLISHED.iter().any(|crate_name| {
+        name.strip_prefix(crate_name)
+            .and_then(|rest| rest.strip_prefix('-'))
+            .is_some_and(|version| version.starts_with(|c: char| c.is_ascii_digit()))
+    })
+}
+
+fn remove_dir(dir: &std::path::Path) -> Result<(), String> {
+    std::fs::remove_dir_all(dir).map_err(|e| format!("removing {}: {e}", dir.display()))
 }
 
 fn demo() -> Result<(), String> {
