@@ -22,6 +22,8 @@ struct Group {
     files: &'static [&'static str],
     /// Arguments to `cargo test` (which test targets run for each mutant).
     tests: &'static [&'static str],
+    /// Whether the tests run the kernels on wgpu (Mesa's lavapipe).
+    needs_vulkan: bool,
 }
 
 const GROUPS: &[Group] = &[
@@ -34,6 +36,7 @@ const GROUPS: &[Group] = &[
         ],
         // device_twin: sync.rs's device-path hooks (three of the first run's survivors).
         tests: &["--lib", "--test", "ddp", "--test", "device_twin"],
+        needs_vulkan: true,
     },
     Group {
         name: "checkpoint-reader",
@@ -44,18 +47,33 @@ const GROUPS: &[Group] = &[
             "crates/burn-dist-zero/src/checkpoint/shard_file.rs",
         ],
         tests: &["--lib", "--test", "checkpoint"],
+        needs_vulkan: false,
     },
     Group {
         name: "zero-adam",
         package: "burn-dist-zero",
         files: &["crates/burn-dist-zero/src/shard.rs"],
-        tests: &["--lib", "--test", "zero_adam", "--test", "loss_scaling"],
+        // checkpoint: `import`; on_device: the device path's state and traffic (the first
+        // run's survivors).
+        tests: &[
+            "--lib",
+            "--test",
+            "zero_adam",
+            "--test",
+            "loss_scaling",
+            "--test",
+            "checkpoint",
+            "--test",
+            "on_device",
+        ],
+        needs_vulkan: true,
     },
     Group {
         name: "reducer",
         package: "burn-dist",
         files: &["crates/burn-dist/src/reducer.rs"],
         tests: &["--lib", "--test", "ddp"],
+        needs_vulkan: false,
     },
     Group {
         name: "kernels",
@@ -71,6 +89,7 @@ const GROUPS: &[Group] = &[
             "--test",
             "kernels_on_wgpu",
         ],
+        needs_vulkan: true,
     },
 ];
 
@@ -95,7 +114,7 @@ pub fn mutants(args: &[String]) -> Result<(), String> {
             .collect::<Result<_, _>>()?
     };
     ensure_cargo_mutants()?;
-    if chosen.iter().any(|g| g.package == "burn-dist-kernels") {
+    if chosen.iter().any(|g| g.needs_vulkan) {
         crate::prerequisites::ensure_vulkan_driver()?;
     }
     let root = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -123,6 +142,8 @@ pub fn mutants(args: &[String]) -> Result<(), String> {
                 "mutants",
                 "--in-place",
                 "--no-shuffle",
+                "--profile",
+                "mutants",
                 "--package",
                 group.package,
             ])

@@ -119,6 +119,9 @@ fn power_of_two_loss_scale_changes_nothing() {
         65536.0 * 4.0,
         "grew twice (interval 2, 5 clean steps)"
     );
+    for (rank, (_, _, skipped)) in scaled.iter().enumerate() {
+        assert_eq!(*skipped, 0, "rank {rank} counted a skip in a clean run");
+    }
 }
 
 #[test]
