@@ -27,10 +27,11 @@ tasks:
                 fresh Debian root (debootstrap + chroot) with only the Rust toolchain
                 and an empty cargo home (root; ~30 min; see docs/testing.md)
   integration   the multi-process tests only (launcher, real ranks on loopback)
-  mutants [GROUP...]
+  mutants [--shard K/N] [GROUP...]
                 cargo-mutants on the files behind the claims (groups: scaler,
-                checkpoint-reader, zero-adam, reducer, kernels; default all, hours on 2
-                cores: run a group at a time; installs cargo-mutants; docs/testing.md)
+                checkpoint-reader, zero-adam, reducer, kernels-reference, kernels-gpu;
+                default all, hours on 2 cores: run a group, or the K-th of N slices of
+                it, at a time; installs cargo-mutants; docs/testing.md)
   demo          2 processes train a transformer block data-parallel through the launcher
                 (release build; the smallest end-to-end run)
   fuzz [SECS]   fuzz the TCP store's frame decoder for SECS seconds (default 600)

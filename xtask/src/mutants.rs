@@ -1,5 +1,7 @@
-//! `cargo xtask mutants [GROUP…]`: mutation testing with cargo-mutants on the files that carry
-//! the project's claims, one group at a time, so that each run is bounded on 2 cores.
+//! `cargo xtask mutants [--shard K/N] [GROUP…]`: mutation testing with cargo-mutants on the
+//! files that carry the project's claims, one group at a time, so that each run is bounded on 2
+//! cores; `--shard K/N` runs the K-th of N consecutive slices of each group's mutants (an hour
+//! or so each for the large groups), so that a group can be finished over several sittings.
 //!
 //! Each group names the files to mutate and the test targets that must catch their mutants
 //! (the package's unit tests plus the integration tests that prove the claim). A run works on a
@@ -22,6 +24,10 @@ struct Group {
     files: &'static [&'static str],
     /// Arguments to `cargo test` (which test targets run for each mutant).
     tests: &'static [&'static str],
+    /// Packages whose tests run besides `package`'s: where a claim's test lives elsewhere
+    /// (ZeRO-2's gradient shard is kept by burn-dist's reducer and checked by burn-dist-zero's
+    /// tests). A test target named in `tests` runs in whichever of them has it.
+    other_test_packages: &'static [&'static str],
     /// Whether the tests run the kernels on wgpu (Mesa's lavapipe).
     needs_vulkan: bool,
 }
@@ -34,9 +40,21 @@ const GROUPS: &[Group] = &[
             "crates/burn-dist/src/scaler.rs",
             "crates/burn-dist/src/sync.rs",
         ],
-        // device_twin: sync.rs's device-path hooks (three of the first run's survivors).
-        tests: &["--lib", "--test", "ddp", "--test", "device_twin"],
+        // device_twin: sync.rs's device-path hooks; zero_adam and on_device: `release` and the
+        // device write-back (four of the first run's survivors were caught only there).
+        tests: &[
+            "--lib",
+            "--test",
+            "ddp",
+            "--test",
+            "device_twin",
+            "--test",
+            "zero_adam",
+            "--test",
+            "on_device",
+        ],
         needs_vulkan: true,
+        other_test_packages: &["burn-dist-zero"],
     },
     Group {
         name: "checkpoint-reader",
@@ -48,6 +66,7 @@ const GROUPS: &[Group] = &[
         ],
         tests: &["--lib", "--test", "checkpoint"],
         needs_vulkan: false,
+        other_test_packages: &[],
     },
     Group {
         name: "zero-adam",
@@ -67,30 +86,53 @@ const GROUPS: &[Group] = &[
             "on_device",
         ],
         needs_vulkan: true,
+        other_test_packages: &[],
     },
     Group {
         name: "reducer",
         package: "burn-dist",
         files: &["crates/burn-dist/src/reducer.rs"],
-        tests: &["--lib", "--test", "ddp"],
-        needs_vulkan: false,
-    },
-    Group {
-        name: "kernels",
-        package: "burn-dist-kernels",
-        files: &[
-            "crates/burn-dist-kernels/src/reference.rs",
-            "crates/burn-dist-kernels/src/kernels.rs",
-        ],
+        // The device path (device_twin, on_device) and ZeRO-2's gradient shard (zero_adam).
         tests: &[
             "--lib",
             "--test",
-            "reference_matches_burn",
+            "ddp",
             "--test",
-            "kernels_on_wgpu",
+            "device_twin",
+            "--test",
+            "zero_adam",
+            "--test",
+            "on_device",
         ],
         needs_vulkan: true,
+        other_test_packages: &["burn-dist-zero"],
     },
+    Group {
+        name: "kernels-reference",
+        package: "burn-dist-kernels",
+        files: &["crates/burn-dist-kernels/src/reference.rs"],
+        tests: KERNEL_TESTS,
+        needs_vulkan: true,
+        other_test_packages: &[],
+    },
+    Group {
+        name: "kernels-gpu",
+        package: "burn-dist-kernels",
+        files: &["crates/burn-dist-kernels/src/kernels.rs"],
+        tests: KERNEL_TESTS,
+        needs_vulkan: true,
+        other_test_packages: &[],
+    },
+];
+
+/// The f64 reference (`reference.rs`) and the CubeCL kernels (`kernels.rs`) are checked by the
+/// same tests: each against the other and against Burn's Adam.
+const KERNEL_TESTS: &[&str] = &[
+    "--lib",
+    "--test",
+    "reference_matches_burn",
+    "--test",
+    "kernels_on_wgpu",
 ];
 
 /// Seconds one mutant's tests may take before cargo-mutants counts it as a timeout (a mutant
@@ -98,18 +140,23 @@ const GROUPS: &[Group] = &[
 const TEST_TIMEOUT_SECS: &str = "300";
 
 pub fn mutants(args: &[String]) -> Result<(), String> {
-    let chosen: Vec<&Group> = if args.is_empty() {
+    let (shard, names) = shard_and_groups(args)?;
+    let chosen: Vec<&Group> = if names.is_empty() {
         GROUPS.iter().collect()
     } else {
-        args.iter()
+        names
+            .iter()
             .map(|name| {
-                GROUPS.iter().find(|g| g.name == name).ok_or_else(|| {
-                    let names: Vec<_> = GROUPS.iter().map(|g| g.name).collect();
-                    format!(
-                        "mutants: no group {name:?}; the groups: {}",
-                        names.join(", ")
-                    )
-                })
+                GROUPS
+                    .iter()
+                    .find(|g| g.name == name.as_str())
+                    .ok_or_else(|| {
+                        let names: Vec<_> = GROUPS.iter().map(|g| g.name).collect();
+                        format!(
+                            "mutants: no group {name:?}; the groups: {}",
+                            names.join(", ")
+                        )
+                    })
             })
             .collect::<Result<_, _>>()?
     };
@@ -132,7 +179,11 @@ pub fn mutants(args: &[String]) -> Result<(), String> {
     )?;
     let mut summary = Vec::new();
     for group in chosen {
-        let out = work.join(group.name);
+        // A shard's outcomes are kept beside the others' (`<group>-shard-K-of-N`).
+        let out = match shard {
+            Some(Shard { k, n }) => work.join(format!("{}-shard-{k}-of-{n}", group.name)),
+            None => work.join(group.name),
+        };
         let _ = std::fs::remove_dir_all(&out);
         let mut command = Command::new(env!("CARGO"));
         command
@@ -152,6 +203,16 @@ pub fn mutants(args: &[String]) -> Result<(), String> {
         for file in group.files {
             command.args(["--file", file]);
         }
+        if !group.other_test_packages.is_empty() {
+            // Naming any test package replaces the default (the mutated one): name it too.
+            for package in [group.package].iter().chain(group.other_test_packages) {
+                command.args(["--test-package", package]);
+            }
+        }
+        if let Some(Shard { k, n }) = shard {
+            // cargo-mutants counts shards from 0.
+            command.args(["--shard", &format!("{}/{n}", k - 1)]);
+        }
         command.arg("--").args(group.tests);
         eprintln!(
             "xtask: mutants: group {} ({})",
@@ -163,7 +224,10 @@ pub fn mutants(args: &[String]) -> Result<(), String> {
             .status()
             .map_err(|e| format!("cannot run cargo mutants: {e}"))?;
         let counts = count(&out.join("mutants.out"));
-        summary.push(format!("{:<18} {counts} (exit {status})", group.name));
+        let name = out
+            .file_name()
+            .map_or_else(String::new, |n| n.to_string_lossy().into());
+        summary.push(format!("{name:<18} {counts} (exit {status})"));
     }
     println!(
         "\ncargo-mutants, per group (outcomes under {}):",
@@ -173,6 +237,41 @@ pub fn mutants(args: &[String]) -> Result<(), String> {
         println!("  {line}");
     }
     Ok(())
+}
+
+/// The K-th of N consecutive slices of a group's mutants, counted from 1.
+#[derive(Clone, Copy)]
+struct Shard {
+    k: u32,
+    n: u32,
+}
+
+/// `--shard K/N` (checked: 1 ≤ K ≤ N) and the group names, from the command line.
+fn shard_and_groups(args: &[String]) -> Result<(Option<Shard>, Vec<&String>), String> {
+    let mut shard = None;
+    let mut names = Vec::new();
+    let mut args = args.iter();
+    while let Some(arg) = args.next() {
+        if arg != "--shard" {
+            names.push(arg);
+            continue;
+        }
+        let value = args
+            .next()
+            .ok_or("mutants: --shard needs a value, K/N (for example 1/3)")?;
+        let parsed = value
+            .split_once('/')
+            .and_then(|(k, n)| Some((k.parse::<u32>().ok()?, n.parse::<u32>().ok()?)))
+            .filter(|&(k, n)| 1 <= k && k <= n)
+            .map(|(k, n)| Shard { k, n });
+        if parsed.is_none() {
+            return Err(format!(
+                "mutants: --shard {value:?} is not K/N with 1 <= K <= N (for example 1/3)"
+            ));
+        }
+        shard = parsed;
+    }
+    Ok((shard, names))
 }
 
 /// "N caught, N missed, N timeout, N unviable" from cargo-mutants' output files.
