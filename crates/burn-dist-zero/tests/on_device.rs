@@ -217,6 +217,30 @@ fn device_state_exports_and_imports_exactly() {
         .on_device::<Wgpu>(&ddp, &device)
         .unwrap();
     assert_eq!(on_device.state_len(), host.state_len());
+    // The device step counts on the reducer's counter (the staged collectives'), so that
+    // `traffic` (what the device check's bytes per step read) sees the whole step.
+    assert_eq!(
+        host.traffic(),
+        None,
+        "a host-path ZeroAdam reports device traffic"
+    );
+    let marked = ddp.mark(model.clone());
+    let input = burn::tensor::Tensor::ones([2, MLP_SIZES[0]], &device);
+    let grads = ddp
+        .backward(marked.forward(input).mean(), &marked)
+        .unwrap()
+        .unwrap();
+    on_device.step(LR, marked, grads, &ddp).unwrap();
+    let traffic = on_device
+        .traffic()
+        .expect("a device ZeroAdam reports no traffic");
+    let stats = ddp.stats();
+    assert!(traffic.to_host > 0, "a device step counted nothing");
+    assert_eq!(
+        (traffic.to_host, traffic.to_device),
+        (stats.bytes_to_host, stats.bytes_to_device),
+        "ZeroAdam's traffic and the reducer's"
+    );
     on_device.import(shard.clone()).unwrap();
     assert!(
         on_device.export() == shard,

@@ -450,14 +450,40 @@ impl burn::module::ModuleVisitor<B> for BurnGradients {
     }
 }
 
-#[test]
-fn an_unknown_stage_is_refused_by_name() {
+/// A job of one rank (this thread) and the test MLP, prepared.
+fn one_rank_mlp() -> (Ddp, burn_dist_testing::Mlp<B>) {
     use burn_dist_testing::{MLP_SIZES, Mlp};
     let comm = HostCommunicator::local_group(1, &CommConfig::default()).remove(0);
     let mut ddp = Ddp::for_thread(comm, DdpConfig::new());
     let model = ddp
         .prepare(Mlp::<B>::new(&MLP_SIZES, 7, &FlexDevice))
         .unwrap();
+    (ddp, model)
+}
+
+#[test]
+fn a_shard_of_another_rank_or_layout_is_refused() {
+    use burn_dist_zero::ZeroError;
+    let (ddp, model) = one_rank_mlp();
+    let mut zero = ZeroAdamConfig::new().init::<B, _>(&ddp, &model).unwrap();
+    let own = zero.export();
+    let mut other_rank = own.clone();
+    other_rank.rank = 1;
+    let mut other_layout = own.clone();
+    other_layout.layout.world = 2;
+    for (what, shard) in [("rank", other_rank), ("layout", other_layout)] {
+        let error = zero.import(shard).expect_err(what);
+        assert!(
+            matches!(error, ZeroError::ShardMismatch { .. }),
+            "another {what}: {error:?}"
+        );
+    }
+    zero.import(own).expect("this rank's own shard");
+}
+
+#[test]
+fn an_unknown_stage_is_refused_by_name() {
+    let (ddp, model) = one_rank_mlp();
     let Err(error) = ZeroAdamConfig::new()
         .with_stage(3)
         .init::<B, _>(&ddp, &model)
@@ -486,13 +512,8 @@ fn the_host_steps_own_thread_pool_gives_the_same_parameters() {
 
 #[test]
 fn zero_host_threads_are_refused_by_name() {
-    use burn_dist_testing::{MLP_SIZES, Mlp};
     use burn_dist_zero::ZeroError;
-    let comm = HostCommunicator::local_group(1, &CommConfig::default()).remove(0);
-    let mut ddp = Ddp::for_thread(comm, DdpConfig::new());
-    let model = ddp
-        .prepare(Mlp::<B>::new(&MLP_SIZES, 7, &FlexDevice))
-        .unwrap();
+    let (ddp, model) = one_rank_mlp();
     let Err(error) = ZeroAdamConfig::new()
         .with_host_threads(Some(0))
         .init::<B, _>(&ddp, &model)
