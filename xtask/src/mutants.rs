@@ -40,19 +40,7 @@ const GROUPS: &[Group] = &[
             "crates/burn-dist/src/scaler.rs",
             "crates/burn-dist/src/sync.rs",
         ],
-        // device_twin: sync.rs's device-path hooks; zero_adam and on_device: `release` and the
-        // device write-back (four of the first run's survivors were caught only there).
-        tests: &[
-            "--lib",
-            "--test",
-            "ddp",
-            "--test",
-            "device_twin",
-            "--test",
-            "zero_adam",
-            "--test",
-            "on_device",
-        ],
+        tests: DDP_TESTS,
         needs_vulkan: true,
         other_test_packages: &["burn-dist-zero"],
     },
@@ -92,18 +80,7 @@ const GROUPS: &[Group] = &[
         name: "reducer",
         package: "burn-dist",
         files: &["crates/burn-dist/src/reducer.rs"],
-        // The device path (device_twin, on_device) and ZeRO-2's gradient shard (zero_adam).
-        tests: &[
-            "--lib",
-            "--test",
-            "ddp",
-            "--test",
-            "device_twin",
-            "--test",
-            "zero_adam",
-            "--test",
-            "on_device",
-        ],
+        tests: DDP_TESTS,
         needs_vulkan: true,
         other_test_packages: &["burn-dist-zero"],
     },
@@ -123,6 +100,26 @@ const GROUPS: &[Group] = &[
         needs_vulkan: true,
         other_test_packages: &[],
     },
+];
+
+/// What checks burn-dist's reducer and its hooks: DDP against one rank (`ddp`), the device path
+/// (`device_twin`, and burn-dist-zero's `on_device`), ZeRO-2's gradient shard (`zero_adam`),
+/// the overflow injected into it (`loss_scaling`), and misuse refused by type (`typed_errors`).
+/// Each was the only catcher of some survivor of an earlier run (docs/testing.md).
+const DDP_TESTS: &[&str] = &[
+    "--lib",
+    "--test",
+    "ddp",
+    "--test",
+    "device_twin",
+    "--test",
+    "typed_errors",
+    "--test",
+    "zero_adam",
+    "--test",
+    "on_device",
+    "--test",
+    "loss_scaling",
 ];
 
 /// The f64 reference (`reference.rs`) and the CubeCL kernels (`kernels.rs`) are checked by the

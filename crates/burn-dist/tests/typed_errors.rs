@@ -61,6 +61,16 @@ fn sharding_misuses_name_what_is_wrong() {
         ),
         other => panic!("{other:?}"),
     }
+    // The right parameters over another world size.
+    match ddp.shard_gradients(FlatLayout::new(&[2, 1], 2, 1)) {
+        Err(DistError::LayoutMismatch {
+            layout_params: 2,
+            layout_ranks: 2,
+            model_params: 2,
+            model_ranks: 1,
+        }) => {}
+        other => panic!("{other:?}"),
+    }
     ddp.shard_gradients(FlatLayout::new(&[2, 1], 1, 1)).unwrap();
     match ddp.take_gradient_shard() {
         Err(error @ DistError::NoGradientShard { on_device: false }) => {
@@ -72,6 +82,25 @@ fn sharding_misuses_name_what_is_wrong() {
             );
         }
         other => panic!("{:?}", other.map(|_| ())),
+    }
+}
+
+#[test]
+fn sharding_between_micro_batches_is_sharding_mid_window() {
+    let comm = HostCommunicator::local_group(1, &CommConfig::default()).remove(0);
+    let mut ddp = Ddp::for_thread(comm, DdpConfig::new().with_accumulation_steps(2));
+    let model = ddp
+        .prepare(LinearConfig::new(2, 1).init::<B>(&FlexDevice))
+        .unwrap();
+    let model = ddp.mark(model);
+    let loss = model
+        .forward(Tensor::<B, 2>::ones([1, 2], &FlexDevice))
+        .sum();
+    // The first of two micro-batches: accumulated, not yet reduced.
+    assert!(ddp.backward(loss, &model).unwrap().is_none());
+    match ddp.shard_gradients(FlatLayout::new(&[2, 1], 1, 1)) {
+        Err(DistError::ShardingMidWindow) => {}
+        other => panic!("{other:?}"),
     }
 }
 
