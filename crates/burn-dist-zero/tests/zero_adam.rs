@@ -196,6 +196,9 @@ struct GradientMemory {
     in_burn: usize,
     /// Whether every value read from Burn's container is zero.
     in_burn_zero: bool,
+    /// Whether, in every hook, the reducer's flat layout was ZeroAdam's at stage 2 and none at
+    /// stage 1.
+    reducer_shards_over_zero_layout: bool,
     /// Parameters, and their elements.
     params: usize,
     total: usize,
@@ -224,12 +227,16 @@ fn after_backward_each_rank_holds_only_its_gradient_shard() {
                     .with_stage(stage)
                     .init::<B, _>(&ddp, &model)
                     .unwrap();
-                // The reducer's holdings in every gradient hook, while backward runs.
+                // The reducer's holdings and flat layout in every gradient hook, while backward
+                // runs.
                 let peak = Arc::new(Mutex::new(0));
-                let seen = peak.clone();
+                let same_layout = Arc::new(Mutex::new(true));
+                let (seen, seen_layout) = (peak.clone(), same_layout.clone());
+                let zero_layout = (stage == 2).then(|| zero.layout().clone());
                 ddp.set_observer(move |reducer, _| {
                     let mut peak = seen.lock().unwrap();
                     *peak = (*peak).max(reducer.gradient_elements_held());
+                    *seen_layout.lock().unwrap() &= reducer.flat_layout() == zero_layout.as_ref();
                 });
                 let rows = shard_rows(GLOBAL_BATCH, rank, WORLD);
                 let x =
@@ -252,6 +259,7 @@ fn after_backward_each_rank_holds_only_its_gradient_shard() {
                     returned: grads.len(),
                     in_burn: in_burn.allocated,
                     in_burn_zero: in_burn.all_zero,
+                    reducer_shards_over_zero_layout: *same_layout.lock().unwrap(),
                     params: in_burn.params,
                     total: layout.total,
                     shard_len: layout.shard_len,
@@ -263,6 +271,10 @@ fn after_backward_each_rank_holds_only_its_gradient_shard() {
             },
         );
         for (rank, m) in ranks.into_iter().enumerate() {
+            assert!(
+                m.reducer_shards_over_zero_layout,
+                "stage {stage}, rank {rank}: the reducer's flat layout is not ZeroAdam's: {m:?}"
+            );
             if stage == 2 {
                 assert!(m.shard_len * WORLD < m.total + 4 * WORLD, "{m:?}");
                 assert_eq!(
