@@ -223,12 +223,6 @@ impl Ddp {
         lock(&self.reducer).reduces_on_device()
     }
 
-    /// Device path: how many times the reducer has waited on the host for the compute stream
-    /// (once per launch of ready buckets; see docs/gpu.md). 0 on the host path.
-    pub fn device_syncs(&self) -> u64 {
-        lock(&self.reducer).device_syncs()
-    }
-
     /// A rank of an in-process group (threads as ranks): the reducer serves the calling thread
     /// only, so each thread must build and train its own model.
     pub fn for_thread(comm: HostCommunicator, config: DdpConfig) -> Ddp {

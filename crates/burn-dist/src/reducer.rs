@@ -398,16 +398,6 @@ impl Reducer {
         }
     }
 
-    /// Device path: how many times the reducer has blocked the host until the compute stream
-    /// drained (once per launch of ready buckets; 0 on the host path).
-    pub fn device_syncs(&self) -> u64 {
-        match &self.store {
-            Store::Host(_) => 0,
-            #[cfg(feature = "device")]
-            Store::Device(device) => device.launches(),
-        }
-    }
-
     /// Device path: whether gradients whose primitive has type id `primitive` are the device
     /// store's backend's; else the name of the primitive it takes, for the error.
     #[cfg(feature = "device")]

@@ -71,10 +71,31 @@ fn model_bytes(params: &[Vec<f32>]) -> u64 {
     4 * params.iter().map(Vec::len).sum::<usize>() as u64
 }
 
+/// Which gradients the device store copies before it reduces them (`ReducerStats::private_copies`).
+#[derive(Clone, Copy)]
+enum Copies {
+    /// Fusion's gradients share their memory with fusion's own handle: each one the hook
+    /// hands over, every micro-batch, is copied.
+    Every { micro_batches: u64 },
+    /// burn-cubecl without fusion hands over gradients that nothing else holds: reduced where
+    /// they are.
+    None,
+}
+
 /// Every rank ends on the reference's parameters, bitwise like every other rank, having
-/// reduced on the device: each step stages every gradient down and up exactly once.
-fn assert_twin(ranks: &[(Vec<Vec<f32>>, ReducerStats)], reference: &[Vec<f32>], what: &str) {
+/// reduced on the device: each step stages every gradient down and up exactly once, and
+/// copies the gradients `copies` says.
+fn assert_twin(
+    ranks: &[(Vec<Vec<f32>>, ReducerStats)],
+    reference: &[Vec<f32>],
+    copies: Copies,
+    what: &str,
+) {
     let per_step = model_bytes(reference);
+    let copies_per_step = match copies {
+        Copies::Every { micro_batches } => micro_batches * reference.len() as u64,
+        Copies::None => 0,
+    };
     for (rank, (params, stats)) in ranks.iter().enumerate() {
         burn_dist_testing::assert_close(
             params,
@@ -95,6 +116,11 @@ fn assert_twin(ranks: &[(Vec<Vec<f32>>, ReducerStats)], reference: &[Vec<f32>], 
             stats.device_launches > 0,
             "{what}, rank {rank}: reduced on the host path"
         );
+        assert_eq!(
+            stats.private_copies,
+            STEPS as u64 * copies_per_step,
+            "{what}, rank {rank}: gradients copied before their reduction"
+        );
     }
 }
 
@@ -106,6 +132,7 @@ fn wgpu_with_fusion_on_the_device_path_equals_flex_mlp_1_to_4_ranks() {
         assert_twin(
             &ranks,
             &reference,
+            Copies::Every { micro_batches: 1 },
             &format!("MLP, Wgpu (fusion), {world} ranks"),
         );
     }
@@ -119,6 +146,7 @@ fn wgpu_with_fusion_on_the_device_path_equals_flex_transformer_block() {
         assert_twin(
             &ranks,
             &reference,
+            Copies::Every { micro_batches: 1 },
             &format!("transformer, Wgpu (fusion), {world} ranks"),
         );
     }
@@ -128,7 +156,12 @@ fn wgpu_with_fusion_on_the_device_path_equals_flex_transformer_block() {
 fn wgpu_without_fusion_on_the_device_path_equals_flex() {
     let reference = reference(Synthetic::Transformer, &config());
     let ranks = on_device::<WgpuPlain>(Synthetic::Transformer, 2, &config());
-    assert_twin(&ranks, &reference, "transformer, Wgpu (no fusion), 2 ranks");
+    assert_twin(
+        &ranks,
+        &reference,
+        Copies::None,
+        "transformer, Wgpu (no fusion), 2 ranks",
+    );
 }
 
 #[test]
@@ -138,6 +171,7 @@ fn accumulation_on_the_device_path_equals_one_step_on_the_whole_batch() {
     assert_twin(
         &ranks,
         &reference,
+        Copies::Every { micro_batches: 3 },
         "MLP, Wgpu (fusion), 2 ranks × 3 micro-batches",
     );
 }
