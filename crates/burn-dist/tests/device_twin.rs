@@ -233,3 +233,68 @@ fn unused_parameters_on_the_device_path_are_averaged_or_left_without_gradient() 
         }
     }
 }
+
+/// f16 parameters are reduced in f16 on the device path: their gradients stay f16 in Burn's
+/// container, each element crosses to the host and back as 2 bytes (not widened to f32), and
+/// the two ranks' average is the one-rank gradient of the whole batch to f16's rounding.
+#[test]
+fn f16_gradients_are_reduced_in_f16_on_the_device_path() {
+    use burn::module::Module;
+    use burn::tensor::backend::AutodiffBackend;
+    use burn::tensor::{DType, FloatDType};
+    use burn_dist_testing::{Cast, MLP_SIZES, Mlp, shard_rows, synthetic_rows};
+    type B = Autodiff<DistributedBackend<Wgpu>>;
+    const BATCH: usize = 12;
+    burn_dist_kernels::testing::wgpu_client();
+    let device = WgpuDevice::default();
+    let gradients = |world: usize| {
+        let comms = burn_dist_comm::HostCommunicator::local_group(world, &Default::default());
+        burn_dist_comm::testing::run_ranks(comms, |rank, comm| {
+            let mut ddp = Ddp::for_thread_staged::<Wgpu>(comm, config(), &device);
+            let mlp = Mlp::<B>::new(&MLP_SIZES, 7, &device).map(&mut Cast(FloatDType::F16));
+            let model = ddp.prepare(mlp).expect("prepare");
+            let rows = shard_rows(BATCH, rank, world);
+            let x = synthetic_rows::<B, 2>(0, 0, [BATCH, MLP_SIZES[0]], rows, &device)
+                .cast(FloatDType::F16);
+            let grads = ddp
+                .backward(model.forward(x).powi_scalar(2).mean(), &model)
+                .expect("backward")
+                .expect("a window of one");
+            let weights: Vec<_> = model
+                .layers
+                .iter()
+                .map(|layer| {
+                    let grad = grads
+                        .get::<<B as AutodiffBackend>::InnerBackend, 2>(layer.weight.id)
+                        .expect("every weight has a gradient");
+                    let dtype = grad.dtype();
+                    let values = grad.cast(FloatDType::F32).into_data().to_vec::<f32>();
+                    (dtype, values.expect("f32 values"))
+                })
+                .collect();
+            (weights, ddp.stats())
+        })
+    };
+    let reference: Vec<Vec<f32>> = gradients(1)
+        .remove(0)
+        .0
+        .into_iter()
+        .map(|(_, values)| values)
+        .collect();
+    let elements = MLP_SIZES
+        .windows(2)
+        .map(|w| w[0] * w[1] + w[1])
+        .sum::<usize>() as u64;
+    for (rank, (weights, stats)) in gradients(2).into_iter().enumerate() {
+        for (layer, (dtype, _)) in weights.iter().enumerate() {
+            assert_eq!(*dtype, DType::F16, "rank {rank}, layer {layer}'s gradient");
+        }
+        assert_eq!(
+            (stats.bytes_to_host, stats.bytes_to_device),
+            (2 * elements, 2 * elements),
+            "rank {rank}: the f16 gradients staged down and up, 2 bytes an element"
+        );
+        let values: Vec<Vec<f32>> = weights.into_iter().map(|(_, values)| values).collect();
+        burn_dist_testing::assert_close(&values, &reference, 1e-2, &format!("rank {rank}"));
+    }
+}
