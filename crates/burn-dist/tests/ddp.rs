@@ -422,7 +422,7 @@ fn a_hook_error_in_a_plain_backward_panics_naming_it() {
 }
 
 #[test]
-fn the_host_path_counts_every_gradient_byte_it_reads() {
+fn the_host_path_counts_every_gradient_byte_it_reads_and_writes_back() {
     let comm = comms(1).remove(0);
     let mut ddp = Ddp::for_thread(comm, config());
     let model = ddp.prepare(Mlp::<B>::new(&MLP, 7, &FlexDevice)).unwrap();
@@ -431,7 +431,12 @@ fn the_host_path_counts_every_gradient_byte_it_reads() {
         .mean();
     ddp.backward(loss, &model).unwrap().unwrap();
     let f32_bytes: usize = ddp.params().iter().map(|p| 4 * p.numel()).sum();
-    assert_eq!(ddp.stats().bytes_to_host, f32_bytes as u64);
+    let stats = ddp.stats();
+    assert_eq!(
+        (stats.bytes_to_host, stats.bytes_to_device),
+        (f32_bytes as u64, f32_bytes as u64),
+        "each gradient read once and its average written back once"
+    );
 }
 
 #[test]
