@@ -432,10 +432,15 @@ fn the_host_path_counts_every_gradient_byte_it_reads_and_writes_back() {
     ddp.backward(loss, &model).unwrap().unwrap();
     let f32_bytes: usize = ddp.params().iter().map(|p| 4 * p.numel()).sum();
     let stats = ddp.stats();
+    let f32_bytes = f32_bytes as u64;
     assert_eq!(
-        (stats.bytes_to_host, stats.bytes_to_device),
-        (f32_bytes as u64, f32_bytes as u64),
-        "each gradient read once and its average written back once"
+        (
+            stats.bytes_to_host,
+            stats.bytes_copied,
+            stats.bytes_to_device
+        ),
+        (f32_bytes, f32_bytes, f32_bytes),
+        "each gradient read once, copied into its bucket once, and its average written back once"
     );
 }
 
