@@ -217,6 +217,8 @@ struct Overlap {
     early_buckets: Vec<(usize, bool, usize)>,
     /// Gradient hooks seen, in order.
     hooks: usize,
+    /// The hooks (counted from 1) whose event said `last`.
+    last_hooks: Vec<usize>,
     /// Whether every hook ran on the thread that called `backward`.
     on_backward_thread: bool,
 }
@@ -242,6 +244,10 @@ fn first_bucket_is_reduced_before_the_last_gradient_hook_fires() {
             let ReducerEvent::Gradient { param, last } = event;
             let mut seen = out.lock().unwrap();
             seen.hooks += 1;
+            if last {
+                let hook = seen.hooks;
+                seen.last_hooks.push(hook);
+            }
             seen.on_backward_thread &= std::thread::current().id() == backward_thread;
             arrived[param] = true;
             for (b, bucket) in layout.buckets.iter().enumerate() {
@@ -273,11 +279,17 @@ fn first_bucket_is_reduced_before_the_last_gradient_hook_fires() {
             2 * (MLP.len() - 1),
             "rank {rank}: one hook per parameter"
         );
+        assert_eq!(
+            seen.last_hooks,
+            [seen.hooks],
+            "rank {rank}: the event says `last` in the last hook only"
+        );
         // Bucket 0 holds the last layer, whose gradients come first: it is complete while the
         // other layers' gradients are still to come.
         let first = seen.early_buckets.first().map(|&(b, _, _)| b);
         assert_eq!(first, Some(0), "rank {rank}: {seen:?}");
         for &(b, reduced, to_come) in &seen.early_buckets {
+            assert!(to_come > 0, "rank {rank}: bucket {b} seen in the last hook");
             assert!(
                 reduced,
                 "rank {rank}: bucket {b} was complete with {to_come} gradients still to come \
