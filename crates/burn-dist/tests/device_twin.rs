@@ -83,8 +83,8 @@ enum Copies {
 }
 
 /// Every rank ends on the reference's parameters, bitwise like every other rank, having
-/// reduced on the device: each step stages every gradient down and up exactly once, and
-/// copies the gradients `copies` says.
+/// reduced on the device: each step stages every gradient down and up exactly once, receives
+/// every reduced element once, and copies the gradients `copies` says.
 fn assert_twin(
     ranks: &[(Vec<Vec<f32>>, ReducerStats)],
     reference: &[Vec<f32>],
@@ -115,6 +115,11 @@ fn assert_twin(
         assert!(
             stats.device_launches > 0,
             "{what}, rank {rank}: reduced on the host path"
+        );
+        assert_eq!(
+            stats.reduced_elements_received,
+            STEPS as u64 * per_step / 4,
+            "{what}, rank {rank}: every bucket's reduction delivers all its elements each step"
         );
         assert_eq!(
             stats.private_copies,
