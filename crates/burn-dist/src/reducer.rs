@@ -898,3 +898,32 @@ fn ensure_buffer(buffers: &mut [Vec<f32>], b: usize, layout: &Layout, sharded: b
         buffers[b] = vec![0.0; layout.buckets[b].len];
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Burn announced two gradients (`start`) and delivered one (a broken promise that should
+    /// not happen): the bucket holding both is still reduced at the end of the backward, the
+    /// missing one as zeros, where waiting for it would hang every rank.
+    #[test]
+    fn an_announced_gradient_that_never_arrives_is_reduced_as_zeros() {
+        let comm = HostCommunicator::local_group(1, &Default::default())
+            .pop()
+            .expect("one rank");
+        let mut reducer = Reducer::new(Arc::new(comm), BucketConfig::new(), 1);
+        let ids = [DistributedParamId::from(1), DistributedParamId::from(2)];
+        reducer.register(&[(ids[0], 3), (ids[1], 2)]);
+        assert_eq!(reducer.layout().buckets.len(), 1, "both in one bucket");
+        reducer.start(&ids).unwrap();
+        reducer.gradient(ids[0], &[1.0, 2.0, 3.0], 0).unwrap();
+        reducer.finish().unwrap().expect("a communicating backward");
+        assert_eq!(
+            reducer.stats().reduced_elements_received,
+            5,
+            "the bucket was reduced"
+        );
+        assert_eq!(reducer.reduced(0), Some(vec![1.0, 2.0, 3.0]));
+        assert_eq!(reducer.reduced(1), Some(vec![0.0, 0.0]));
+    }
+}
