@@ -902,12 +902,12 @@ fn ensure_buffer(buffers: &mut [Vec<f32>], b: usize, layout: &Layout, sharded: b
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Mutex;
 
-    /// Burn announced two gradients (`start`) and delivered one (a broken promise that should
-    /// not happen): the bucket holding both is still reduced at the end of the backward, the
-    /// missing one as zeros, where waiting for it would hang every rank.
-    #[test]
-    fn an_announced_gradient_that_never_arrives_is_reduced_as_zeros() {
+    /// One backward of a one-rank reducer with two parameters in one bucket: Burn announces
+    /// both gradients (`start`) and delivers the first, and the second too if `deliver_both`.
+    /// Returns the reducer afterwards and the warnings it logged.
+    fn one_bucket_backward(deliver_both: bool) -> (Reducer, String) {
         let comm = HostCommunicator::local_group(1, &Default::default())
             .pop()
             .expect("one rank");
@@ -915,9 +915,46 @@ mod tests {
         let ids = [DistributedParamId::from(1), DistributedParamId::from(2)];
         reducer.register(&[(ids[0], 3), (ids[1], 2)]);
         assert_eq!(reducer.layout().buckets.len(), 1, "both in one bucket");
-        reducer.start(&ids).unwrap();
-        reducer.gradient(ids[0], &[1.0, 2.0, 3.0], 0).unwrap();
-        reducer.finish().unwrap().expect("a communicating backward");
+        let warnings = warnings_of(|| {
+            reducer.start(&ids).unwrap();
+            reducer.gradient(ids[0], &[1.0, 2.0, 3.0], 0).unwrap();
+            if deliver_both {
+                reducer.gradient(ids[1], &[4.0, 5.0], 1).unwrap();
+            }
+            reducer.finish().unwrap().expect("a communicating backward");
+        });
+        (reducer, warnings)
+    }
+
+    /// What `f` logs at level WARN and above on this thread.
+    fn warnings_of(f: impl FnOnce()) -> String {
+        #[derive(Clone, Default)]
+        struct Captured(Arc<Mutex<Vec<u8>>>);
+        impl std::io::Write for Captured {
+            fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(bytes);
+                Ok(bytes.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let captured = Captured::default();
+        let writer = captured.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_max_level(tracing::Level::WARN)
+            .finish();
+        tracing::subscriber::with_default(subscriber, f);
+        String::from_utf8_lossy(&captured.0.lock().unwrap()).into_owned()
+    }
+
+    /// A broken promise that should not happen (an announced gradient that never arrives): the
+    /// bucket is still reduced at the end of the backward, the missing gradient as zeros,
+    /// where waiting for it would hang every rank; and it is logged.
+    #[test]
+    fn an_announced_gradient_that_never_arrives_is_reduced_as_zeros() {
+        let (reducer, warnings) = one_bucket_backward(false);
         assert_eq!(
             reducer.stats().reduced_elements_received,
             5,
@@ -925,5 +962,13 @@ mod tests {
         );
         assert_eq!(reducer.reduced(0), Some(vec![1.0, 2.0, 3.0]));
         assert_eq!(reducer.reduced(1), Some(vec![0.0, 0.0]));
+        assert!(warnings.contains("did not arrive"), "{warnings:?}");
+    }
+
+    #[test]
+    fn a_backward_whose_gradients_all_arrive_logs_no_warning() {
+        let (reducer, warnings) = one_bucket_backward(true);
+        assert_eq!(reducer.reduced(1), Some(vec![4.0, 5.0]));
+        assert_eq!(warnings, "");
     }
 }
