@@ -115,3 +115,19 @@ fn a_bucket_order_that_is_not_a_permutation_is_bad_bucket_order() {
     }
     ddp.adopt_bucket_order(&[1, 0]).unwrap();
 }
+
+/// As documented: an empty order, and any order once gradients are sharded (ZeRO-2's layout
+/// is frozen to flat ranges), are ignored rather than refused or applied.
+#[test]
+fn an_empty_bucket_order_or_one_under_sharding_is_ignored() {
+    let mut ddp = one_rank();
+    ddp.prepare(LinearConfig::new(2, 1).init::<B>(&FlexDevice))
+        .unwrap();
+    let before = ddp.next_layout();
+    ddp.adopt_bucket_order(&[]).unwrap();
+    assert_eq!(ddp.next_layout(), before, "an empty order");
+    ddp.shard_gradients(FlatLayout::new(&[2, 1], 1, 1)).unwrap();
+    let sharded = ddp.next_layout();
+    ddp.adopt_bucket_order(&[1, 0]).unwrap();
+    assert_eq!(ddp.next_layout(), sharded, "an order under sharding");
+}
