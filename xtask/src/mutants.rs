@@ -177,10 +177,11 @@ pub fn mutants(args: &[String]) -> Result<(), String> {
     let mut summary = Vec::new();
     for group in chosen {
         // A shard's outcomes are kept beside the others' (`<group>-shard-K-of-N`).
-        let out = match shard {
-            Some(Shard { k, n }) => work.join(format!("{}-shard-{k}-of-{n}", group.name)),
-            None => work.join(group.name),
+        let name = match shard {
+            Some(Shard { k, n }) => format!("{}-shard-{k}-of-{n}", group.name),
+            None => group.name.to_string(),
         };
+        let out = work.join(&name);
         let _ = std::fs::remove_dir_all(&out);
         let mut command = Command::new(env!("CARGO"));
         command
@@ -229,9 +230,6 @@ pub fn mutants(args: &[String]) -> Result<(), String> {
             .status()
             .map_err(|e| format!("cannot run cargo mutants: {e}"))?;
         let counts = count(&out.join("mutants.out"));
-        let name = out
-            .file_name()
-            .map_or_else(String::new, |n| n.to_string_lossy().into());
         summary.push(format!("{name:<18} {counts} (exit {status})"));
     }
     println!(

@@ -442,9 +442,8 @@ fn the_host_path_counts_every_gradient_byte_it_reads_and_writes_back() {
         .forward(rows(0, 0, [GLOBAL_BATCH, MLP[0]], 0..GLOBAL_BATCH))
         .mean();
     ddp.backward(loss, &model).unwrap().unwrap();
-    let f32_bytes: usize = ddp.params().iter().map(|p| 4 * p.numel()).sum();
+    let f32_bytes: u64 = ddp.params().iter().map(|p| 4 * p.numel() as u64).sum();
     let stats = ddp.stats();
-    let f32_bytes = f32_bytes as u64;
     assert_eq!(
         (
             stats.bytes_to_host,

@@ -11,8 +11,12 @@ use burn_flex::{Flex, FlexDevice};
 type B = Autodiff<DistributedBackend<Flex>>;
 
 fn one_rank() -> Ddp {
+    one_rank_with(DdpConfig::new())
+}
+
+fn one_rank_with(config: DdpConfig) -> Ddp {
     let comm = HostCommunicator::local_group(1, &CommConfig::default()).remove(0);
-    Ddp::for_thread(comm, DdpConfig::new())
+    Ddp::for_thread(comm, config)
 }
 
 #[test]
@@ -87,8 +91,7 @@ fn sharding_misuses_name_what_is_wrong() {
 
 #[test]
 fn sharding_between_micro_batches_is_sharding_mid_window() {
-    let comm = HostCommunicator::local_group(1, &CommConfig::default()).remove(0);
-    let mut ddp = Ddp::for_thread(comm, DdpConfig::new().with_accumulation_steps(2));
+    let mut ddp = one_rank_with(DdpConfig::new().with_accumulation_steps(2));
     let model = ddp
         .prepare(LinearConfig::new(2, 1).init::<B>(&FlexDevice))
         .unwrap();
