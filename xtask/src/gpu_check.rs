@@ -48,10 +48,7 @@ pub fn gpu_check(args: &[String]) -> Result<(), String> {
         ));
     }
 
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .ok_or("xtask has no parent directory")?
-        .to_path_buf();
+    let root = crate::workspace_root();
     let target = crate::target_dir().join("gpu-check");
     crate::run(
         Command::new(env!("CARGO"))

@@ -94,7 +94,7 @@ pub fn bench_host_step(args: &[String]) -> Result<(), String> {
     ])?;
     let ours = super::target_dir().join("release/host-step-bench");
     let python = torch_python()?;
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../benches/torch/adamw_cpu.py");
+    let script = super::workspace_root().join("benches/torch/adamw_cpu.py");
 
     let mut per_round: Vec<BTreeMap<Key, Timing>> = Vec::new();
     for round in 0..rounds {

@@ -62,7 +62,7 @@ fn main() -> ExitCode {
         Some("integration") => integration(),
         Some("mutants") => mutants::mutants(&args[1..]),
         Some("rehearse") => run(Command::new("bash")
-            .arg(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("rehearse.sh"))
+            .arg(workspace_root().join("xtask/rehearse.sh"))
             .args(&args[1..])),
         Some("demo") => demo(),
         Some("fuzz") => fuzz(args.get(1).map_or("600", String::as_str)),
@@ -106,11 +106,24 @@ fn cargo(args: &[&str]) -> Result<(), String> {
     run(Command::new(env!("CARGO")).args(args))
 }
 
+/// The workspace this run of xtask belongs to. Read when it runs (`cargo run` sets
+/// CARGO_MANIFEST_DIR), not when it was compiled: a target dir shared by two checkouts reuses
+/// one xtask binary for both, whose compiled-in path names the other checkout (seen 2026-12-02,
+/// when `cargo xtask mutants` cloned a checkout that no longer existed).
+fn workspace_root() -> std::path::PathBuf {
+    let xtask_dir = std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| env!("CARGO_MANIFEST_DIR").into());
+    xtask_dir
+        .parent()
+        .map_or_else(|| xtask_dir.join(".."), std::path::Path::to_path_buf)
+}
+
 /// The target directory cargo builds into, honouring CARGO_TARGET_DIR.
 fn target_dir() -> std::path::PathBuf {
     std::env::var_os("CARGO_TARGET_DIR")
         .map(Into::into)
-        .unwrap_or_else(|| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"))
+        .unwrap_or_else(|| workspace_root().join("target"))
 }
 
 /// The crates meant for crates.io, packaged in one `cargo package` so that each one's path
@@ -306,8 +319,7 @@ fn fuzz(seconds: &str) -> Result<(), String> {
     if !has_cargo_fuzz.is_ok_and(|o| o.status.success()) {
         cargo(&["install", "cargo-fuzz", "--locked"])?;
     }
-    let crate_dir =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../crates/burn-dist-comm");
+    let crate_dir = workspace_root().join("crates/burn-dist-comm");
     run(Command::new(env!("CARGO"))
         .current_dir(crate_dir)
         .env("RUSTC_BOOTSTRAP", "1")
@@ -349,7 +361,7 @@ fn build_bench(plain: bool, bench: &str) -> Result<std::path::PathBuf, String> {
 }
 
 fn plain_manifest() -> std::path::PathBuf {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../benches/plain/Cargo.toml")
+    workspace_root().join("benches/plain/Cargo.toml")
 }
 
 /// The string value of the first `"key":"…"` in a line of JSON (no escapes expected in paths).

@@ -161,9 +161,7 @@ pub fn mutants(args: &[String]) -> Result<(), String> {
     if chosen.iter().any(|g| g.needs_vulkan) {
         crate::prerequisites::ensure_vulkan_driver()?;
     }
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .ok_or("xtask has no parent directory")?;
+    let root = crate::workspace_root();
     let work = crate::target_dir().join("mutants");
     let source = work.join("src");
     let _ = std::fs::remove_dir_all(&source);
@@ -171,7 +169,7 @@ pub fn mutants(args: &[String]) -> Result<(), String> {
     crate::run(
         Command::new("git")
             .args(["clone", "--quiet", "--no-local"])
-            .arg(root)
+            .arg(&root)
             .arg(&source),
     )?;
     let mut summary = Vec::new();
