@@ -348,6 +348,24 @@ mod tests {
         assert_eq!(copy, vec![f16::from_f32(7.0); 4]);
     }
 
+    /// A model copy longer than the shard would otherwise be written only in part, silently.
+    #[test]
+    #[should_panic(expected = "slices of different lengths")]
+    fn a_model_copy_of_another_length_is_refused() {
+        let (mut p, mut m, mut v) = (vec![1.0f32; 4], vec![0.0f32; 4], vec![0.0f32; 4]);
+        let mut longer = vec![0.0f32; 5];
+        adam_update(
+            &mut p,
+            &mut m,
+            &mut v,
+            &[1.0; 4],
+            1.0,
+            false,
+            &scalars(true, 1),
+            ModelCopy::F32(&mut longer),
+        );
+    }
+
     #[test]
     fn f32_update_is_within_1e_6_of_f64() {
         for decoupled in [true, false] {
