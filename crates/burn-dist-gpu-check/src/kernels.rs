@@ -5,7 +5,7 @@
 use std::time::Instant;
 
 use burn_dist_kernels::testing::{
-    Rng, check_consecutive_steps, check_fused_step_equals_f64_reference,
+    Rng, check_bandwidth_copy, check_consecutive_steps, check_fused_step_equals_f64_reference,
     check_half_precision_copies, check_inf_and_nan_skip_the_step,
 };
 use burn_dist_kernels::{FusedAdam, ModelDtype};
@@ -34,7 +34,7 @@ pub fn run(report: &mut Report, options: &Options) {
             );
         }
     };
-    let checks: [(&str, Check); 4] = [
+    let checks: [(&str, Check); 5] = [
         // First: its time includes NVRTC's compilation of the kernels.
         ("fused_step_equals_f64_reference", |f, rng| {
             check_fused_step_equals_f64_reference(f, rng);
@@ -56,6 +56,10 @@ pub fn run(report: &mut Report, options: &Options) {
         }),
         ("consecutive_steps_follow_the_reference", |f, rng| {
             check_consecutive_steps(f, rng);
+            Ok(())
+        }),
+        ("bandwidth_copy_copies_exactly", |f, rng| {
+            check_bandwidth_copy(f, rng);
             Ok(())
         }),
     ];

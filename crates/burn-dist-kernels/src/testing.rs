@@ -501,6 +501,31 @@ pub fn check_consecutive_steps<R: Runtime>(fused: &FusedAdam<R>, rng: &mut Rng) 
     }
 }
 
+/// The benches' bandwidth yardstick, [`FusedAdam::copy`], copies every element and writes
+/// nothing past `len` (a copy that did less would flatter the fused step's ratio to it), on the
+/// vectorized path with cubes past the end, and on the scalar path.
+pub fn check_bandwidth_copy<R: Runtime>(fused: &FusedAdam<R>, rng: &mut Rng) {
+    use cubecl::prelude::CubeElement;
+    const PAST_THE_END: usize = 8;
+    for len in [4 * 300, 777, 1 << 16] {
+        let input = rng.nonzero_vec(len + PAST_THE_END, 1e-3, 1.0);
+        let client = fused.client();
+        let src = client.create_from_slice(f32::as_bytes(&input));
+        let dst = client.create_from_slice(f32::as_bytes(&vec![f32::NAN; len + PAST_THE_END]));
+        fused.copy(&src, &dst, len);
+        let out = fused.read_f32(&dst);
+        assert_eq!(
+            out[..len],
+            input[..len],
+            "copy of {len}: an element differs"
+        );
+        assert!(
+            out[len..].iter().all(|x| x.is_nan()),
+            "copy of {len}: written past the end"
+        );
+    }
+}
+
 /// What to do when no Vulkan driver is found: the wgpu tests run on Mesa's software driver.
 #[cfg(feature = "wgpu")]
 pub const NO_VULKAN_ADAPTER: &str = "cubecl's wgpu runtime found no Vulkan adapter. On a machine \

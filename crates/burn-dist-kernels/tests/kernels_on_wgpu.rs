@@ -13,8 +13,8 @@ use burn::optim::decay::WeightDecayConfig;
 use burn::optim::{AdamConfig, AdamWConfig, SimpleOptimizer};
 use burn::tensor::{Tensor, TensorData};
 use burn_dist_kernels::testing::{
-    Rng, check_consecutive_steps, check_fused_step_equals_f64_reference, check_half_precision_copy,
-    check_inf_and_nan_skip_the_step,
+    Rng, check_bandwidth_copy, check_consecutive_steps, check_fused_step_equals_f64_reference,
+    check_half_precision_copy, check_inf_and_nan_skip_the_step,
 };
 use burn_dist_kernels::{FusedAdam, Hyper, ModelDtype, StepScalars, relative_error};
 use burn_flex::{Flex, FlexDevice};
@@ -51,6 +51,11 @@ fn bf16_copy_is_round_to_nearest_even_of_master() {
 #[test]
 fn injected_inf_and_nan_are_detected_and_the_step_is_skipped() {
     check_inf_and_nan_skip_the_step(&fused(), &mut seeded());
+}
+
+#[test]
+fn the_benches_bandwidth_copy_copies_every_element_and_nothing_past_the_end() {
+    check_bandwidth_copy(&fused(), &mut seeded());
 }
 
 #[test]
