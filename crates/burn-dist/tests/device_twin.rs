@@ -66,11 +66,6 @@ fn on_device<D: burn_dist::CubeResident<Device = WgpuDevice>>(
     )
 }
 
-/// The f32 bytes of a model's parameters.
-fn model_bytes(params: &[Vec<f32>]) -> u64 {
-    4 * params.iter().map(Vec::len).sum::<usize>() as u64
-}
-
 /// Which gradients the device store copies before it reduces them (`ReducerStats::private_copies`).
 #[derive(Clone, Copy)]
 enum Copies {
@@ -91,7 +86,9 @@ fn assert_twin(
     copies: Copies,
     what: &str,
 ) {
-    let per_step = model_bytes(reference);
+    // Elements and f32 bytes of the model's parameters, each moved once a step.
+    let elements = reference.iter().map(Vec::len).sum::<usize>() as u64;
+    let bytes = 4 * elements;
     let copies_per_step = match copies {
         Copies::Every { micro_batches } => micro_batches * reference.len() as u64,
         Copies::None => 0,
@@ -109,7 +106,7 @@ fn assert_twin(
         );
         assert_eq!(
             (stats.bytes_to_host, stats.bytes_to_device),
-            (STEPS as u64 * per_step, STEPS as u64 * per_step),
+            (STEPS as u64 * bytes, STEPS as u64 * bytes),
             "{what}, rank {rank}: the staged path moves each gradient down and up once per step"
         );
         assert!(
@@ -118,7 +115,7 @@ fn assert_twin(
         );
         assert_eq!(
             stats.reduced_elements_received,
-            STEPS as u64 * per_step / 4,
+            STEPS as u64 * elements,
             "{what}, rank {rank}: every bucket's reduction delivers all its elements each step"
         );
         assert_eq!(
