@@ -178,6 +178,11 @@ fn u16_from_bytes(bytes: &[u8]) -> impl Iterator<Item = u16> + '_ {
         .map(|c| u16::from_le_bytes([c[0], c[1]]))
 }
 
+/// A vectorized length whose pass 1 has more cubes (300) than a cube has units
+/// ([`crate::kernels::CUBE_SIZE`], 256): `reduce_partials` must loop over its partials, not take one
+/// each.
+const MORE_CUBES_THAN_UNITS: usize = 4 * 256 * 300;
+
 /// One case: random state of `regime` at a random step, one fused step on the device,
 /// compared with the f32 reference and the f64 evaluation; the model copy of `dtype` must be
 /// the master rounded to nearest even, every element written.
@@ -340,9 +345,13 @@ fn assert_eps_decides(
 /// ([`Regime::EpsBound`]).
 pub fn check_fused_step_equals_f64_reference<R: Runtime>(fused: &FusedAdam<R>, rng: &mut Rng) {
     // Typical inputs on every path: vectorized (multiple of 4), odd (scalar path), one
-    // partial cube, many cubes; eps-bound inputs on the vectorized and the scalar path.
+    // partial cube, more cubes than `reduce_partials` has units; eps-bound inputs on the
+    // vectorized and the scalar path.
     let cases: [(Regime, &[usize]); 2] = [
-        (Regime::Typical, &[4 * 256 * 37, 12_345, 3, 1 << 18]),
+        (
+            Regime::Typical,
+            &[4 * 256 * 37, 12_345, 3, MORE_CUBES_THAN_UNITS],
+        ),
         (Regime::EpsBound, &[4 * 256 * 3, 1001]),
     ];
     for (regime, lens) in cases {
@@ -419,10 +428,16 @@ pub fn check_inf_and_nan_skip_the_step<R: Runtime>(fused: &FusedAdam<R>, rng: &m
         .into_iter()
         .enumerate()
     {
-        let len = [4 * 300, 777, 1 << 16, 8][case];
+        let len = [4 * 300, 777, MORE_CUBES_THAN_UNITS, 8][case];
         let (master, m, v) = random_state(rng, len);
         let mut scaled = rng.nonzero_vec(len, 1e-2, 1e3);
-        let pos = rng.below(len);
+        // In the many-cube case, in the last cube: a partial that only `reduce_partials`' loop
+        // reaches.
+        let pos = if len == MORE_CUBES_THAN_UNITS {
+            len - 1 - rng.below(4 * 256)
+        } else {
+            rng.below(len)
+        };
         scaled[pos] = bad;
         // f32::MAX is finite but overflows when unscaled by 2 (inv_scale > 1 after a backoff).
         let inv_scale = if bad == f32::MAX { 2.0 } else { 1.0 / 512.0 };
@@ -463,6 +478,97 @@ pub fn check_inf_and_nan_skip_the_step<R: Runtime>(fused: &FusedAdam<R>, rng: &m
             model.iter().all(|&x| x == 0xff),
             "the model copy was written on a skipped step"
         );
+    }
+}
+
+/// A gradient of finite elements whose sum of squares overflows f32 skips the step like an
+/// inf: no element is flagged, but the total is infinite (its clip factor would be 0, and
+/// `v = g²` would hold inf). `finalize` must decide on the total, not on the flag alone.
+pub fn check_overflowing_norm_skips_the_step<R: Runtime>(fused: &FusedAdam<R>, rng: &mut Rng) {
+    let len = 4 * 300;
+    let (master, m, v) = random_state(rng, len);
+    let mut scaled = rng.nonzero_vec(len, 1e-2, 1e3);
+    let pos = rng.below(len);
+    scaled[pos] = 1e20; // finite; its square (1e40) is not
+    let b = fused.upload(&master, &m, &v, 7, &scaled, 1.0, ModelDtype::F32);
+    fused.step(
+        &b,
+        Hyper {
+            scalars: random_scalars(true, rng),
+            max_norm: None,
+        },
+    );
+    let stats = fused.read_f32(&b.stats);
+    assert_eq!(stats[1], 0.0, "a finite element was flagged as non-finite");
+    assert_eq!(
+        stats[0],
+        f32::INFINITY,
+        "the sum of squares did not overflow"
+    );
+    assert_eq!(
+        fused.read_u32(&b.step),
+        [7],
+        "an overflowing norm counts as a skipped step"
+    );
+    assert_eq!(fused.read_f32(&b.master), master, "master changed");
+    assert_eq!(fused.read_f32(&b.v), v, "v changed");
+}
+
+/// The kernels read and write the first `len` elements of their buffers and nothing past them,
+/// where the buffers are longer (a shard handed over as a view of a larger allocation): each
+/// buffer gets a tail of NaN (the gradient, the partials: read, they would flag an inf) or of
+/// sentinels (master, moments, model copy: written, they would change), and the step must equal
+/// the one on exact buffers, bitwise, with every tail untouched. On the vectorized path with a
+/// partial cube, and on the scalar path.
+pub fn check_kernels_stay_within_len<R: Runtime>(fused: &FusedAdam<R>, rng: &mut Rng) {
+    use cubecl::prelude::CubeElement;
+    const TAIL: usize = 8;
+    const SENTINEL: f32 = 12345.0;
+    for len in [4 * 300, 777] {
+        let (master, m, v) = random_state(rng, len);
+        let scaled = rng.nonzero_vec(len, 1e-2, 1e3);
+        let hyper = Hyper {
+            scalars: random_scalars(true, rng),
+            max_norm: Some(1.0),
+        };
+        let exact = fused.upload(&master, &m, &v, 3, &scaled, 1.0 / 1024.0, ModelDtype::F32);
+        fused.step(&exact, hyper);
+
+        let client = fused.client();
+        let with_tail = |x: &[f32], tail: f32| {
+            let mut padded = x.to_vec();
+            padded.extend([tail; TAIL]);
+            client.create_from_slice(f32::as_bytes(&padded))
+        };
+        let mut padded = fused.upload(&master, &m, &v, 3, &scaled, 1.0 / 1024.0, ModelDtype::F32);
+        let partials = fused.read_f32(&padded.partial_sq).len();
+        padded.master = with_tail(&master, SENTINEL);
+        padded.m = with_tail(&m, SENTINEL);
+        padded.v = with_tail(&v, SENTINEL);
+        padded.grads = with_tail(&scaled, f32::NAN);
+        padded.model = with_tail(&vec![f32::NAN; len], SENTINEL);
+        padded.partial_sq = with_tail(&vec![f32::NAN; partials], f32::NAN);
+        padded.partial_inf = with_tail(&vec![f32::NAN; partials], f32::NAN);
+        fused.step(&padded, hyper);
+
+        let stats = fused.read_f32(&padded.stats);
+        assert_eq!(stats[1], 0.0, "len {len}: found an inf past the end");
+        assert_eq!(stats, fused.read_f32(&exact.stats), "len {len}: stats");
+        for (name, exact, padded, tail) in [
+            ("master", &exact.master, &padded.master, SENTINEL),
+            ("m", &exact.m, &padded.m, SENTINEL),
+            ("v", &exact.v, &padded.v, SENTINEL),
+            ("model", &exact.model, &padded.model, SENTINEL),
+            ("gradient", &exact.grads, &padded.grads, f32::NAN),
+        ] {
+            let (exact, padded) = (fused.read_f32(exact), fused.read_f32(padded));
+            assert_eq!(padded[..len], exact[..], "len {len}: {name} differs");
+            assert!(
+                padded[len..].iter().all(|&x| x.to_bits() == tail.to_bits()),
+                "len {len}: {name} written past the end: {:?}",
+                &padded[len..]
+            );
+        }
     }
 }
 

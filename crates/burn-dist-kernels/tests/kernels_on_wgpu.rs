@@ -14,7 +14,8 @@ use burn::optim::{AdamConfig, AdamWConfig, SimpleOptimizer};
 use burn::tensor::{Tensor, TensorData};
 use burn_dist_kernels::testing::{
     Rng, check_bandwidth_copy, check_consecutive_steps, check_fused_step_equals_f64_reference,
-    check_half_precision_copy, check_inf_and_nan_skip_the_step,
+    check_half_precision_copy, check_inf_and_nan_skip_the_step, check_kernels_stay_within_len,
+    check_overflowing_norm_skips_the_step,
 };
 use burn_dist_kernels::{FusedAdam, Hyper, ModelDtype, StepScalars, relative_error};
 use burn_flex::{Flex, FlexDevice};
@@ -51,6 +52,16 @@ fn bf16_copy_is_round_to_nearest_even_of_master() {
 #[test]
 fn injected_inf_and_nan_are_detected_and_the_step_is_skipped() {
     check_inf_and_nan_skip_the_step(&fused(), &mut seeded());
+}
+
+#[test]
+fn a_finite_gradient_whose_norm_overflows_f32_skips_the_step() {
+    check_overflowing_norm_skips_the_step(&fused(), &mut seeded());
+}
+
+#[test]
+fn the_kernels_touch_nothing_past_the_length_they_are_given() {
+    check_kernels_stay_within_len(&fused(), &mut seeded());
 }
 
 #[test]

@@ -314,33 +314,37 @@ pub fn train_with_unused<B: burn::tensor::backend::AutodiffBackend>(
 
 /// Fault injection for the overflow tests: an overflow on this rank alone, created after the
 /// gradients were averaged over ranks, as if only this rank's own arithmetic had overflowed.
-/// Adds infinity to every gradient in `grads`, or, under ZeRO stage 2 (where `grads` is empty
-/// and the gradient is this rank's reduced shard), to the shard's first element. The average
-/// cannot spread it: only a cross-rank found-inf agreement can tell the other ranks. Panics
-/// when a stage-2 rank has no finished shard waiting.
+/// Adds `value` (infinity, or a finite value whose square overflows f32) to every gradient in
+/// `grads`, or, under ZeRO stage 2 (where `grads` is empty and the gradient is this rank's
+/// reduced shard), to the shard's first element. The average cannot spread it: only a
+/// cross-rank found-inf agreement can tell the other ranks. Panics when a stage-2 rank has no
+/// finished shard waiting.
 pub fn overflow_on_this_rank<B, M>(
     ddp: &burn_dist::Ddp,
     grads: burn::optim::GradientsParams,
     model: &M,
+    value: f32,
 ) -> burn::optim::GradientsParams
 where
     B: burn::tensor::backend::AutodiffBackend,
     M: burn::module::AutodiffModule<B>,
 {
-    if ddp.poison_gradient_shard(f32::INFINITY) {
+    if ddp.poison_gradient_shard(value) {
         return grads;
     }
     let mut overflow = Overflow::<B> {
         grads,
+        value,
         _b: std::marker::PhantomData,
     };
     model.visit(&mut overflow);
     overflow.grads
 }
 
-/// Adds infinity to every gradient of a module.
+/// Adds `value` to every gradient of a module.
 struct Overflow<B> {
     grads: burn::optim::GradientsParams,
+    value: f32,
     _b: std::marker::PhantomData<B>,
 }
 
@@ -350,8 +354,7 @@ impl<B: burn::tensor::backend::AutodiffBackend> burn::module::ModuleVisitor<B> f
         param: &burn::module::Param<burn::tensor::Tensor<B, D>>,
     ) {
         if let Some(grad) = self.grads.remove::<B::InnerBackend, D>(param.id) {
-            self.grads
-                .register(param.id, grad.add_scalar(f32::INFINITY));
+            self.grads.register(param.id, grad.add_scalar(self.value));
         }
     }
 }

@@ -438,7 +438,10 @@ impl Shard {
     }
 
     /// Every rank's (found_inf, sum of squares), gathered and folded in rank order in f64, so
-    /// every rank reaches the same decision and the same clip factor.
+    /// every rank reaches the same decision and the same clip factor. A total beyond f32's
+    /// range counts as an overflow, on the host path as on the device path (whose kernels sum
+    /// the squares in f32): the gradient holds an element whose square, Adam's `v`, is inf in
+    /// f32.
     fn agree(&self, found_inf: bool, sum_sq: f64) -> Result<(bool, f64)> {
         let mut mine = sum_sq.to_le_bytes().to_vec();
         mine.extend_from_slice(&[u8::from(found_inf), 0, 0, 0, 0, 0, 0, 0]);
@@ -453,7 +456,7 @@ impl Shard {
             total += f64::from_le_bytes(rank[..8].try_into().expect("8 bytes"));
             any_inf |= rank[8] != 0;
         }
-        Ok((any_inf || !total.is_finite(), total))
+        Ok((any_inf || !(total as f32).is_finite(), total))
     }
 }
 

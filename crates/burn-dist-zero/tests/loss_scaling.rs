@@ -1,6 +1,7 @@
 //! ZeroAdam with a GradScaler: exact when nothing overflows, and a non-finite gradient on one
-//! rank (created after the average, so that only the ranks' found-inf agreement can spread
-//! it) skips the step on every rank without advancing Adam.
+//! rank, or a finite one whose square overflows f32 (created after the average, so that only
+//! the ranks' found-inf agreement can spread it), skips the step on every rank without
+//! advancing Adam.
 
 use burn::backend::Autodiff;
 use burn::tensor::Tensor;
@@ -36,15 +37,15 @@ fn loss<A: AutodiffBackend>(
 
 /// Trains 3 ranks for `steps` with ZeRO `stage`, on the host (Flex) or (`on_device`) with the
 /// optimizer state, the gradients and the parameters in wgpu device memory. With `scaled`,
-/// through a GradScaler; `poison(rank, step)` overflows that rank's averaged gradient (its
-/// shard at stage 2) at that step, on that rank only. Returns (parameters, scale, skipped) per
+/// through a GradScaler; where `poison(rank, step)` gives a value, it is added to that rank's
+/// averaged gradient (its shard at stage 2) at that step, on that rank only. Returns (parameters, scale, skipped) per
 /// rank.
 fn train(
     stage: u8,
     on_device: bool,
     steps: &[usize],
     scaled: bool,
-    poison: &(dyn Fn(usize, usize) -> bool + Sync),
+    poison: &(dyn Fn(usize, usize) -> Option<f32> + Sync),
 ) -> Vec<(Vec<Vec<f32>>, f32, u64)> {
     if on_device {
         burn_dist_kernels::testing::wgpu_client();
@@ -67,7 +68,7 @@ fn train_on<A: AutodiffBackend>(
     stage: u8,
     steps: &[usize],
     scaled: bool,
-    poison: &(dyn Fn(usize, usize) -> bool + Sync),
+    poison: &(dyn Fn(usize, usize) -> Option<f32> + Sync),
 ) -> Vec<(Vec<Vec<f32>>, f32, u64)> {
     run_ranks(
         HostCommunicator::local_group(3, &CommConfig::default()),
@@ -86,8 +87,8 @@ fn train_on<A: AutodiffBackend>(
                     l = scaler.scale_loss(l);
                 }
                 let mut grads = ddp.backward(l, &model).unwrap().unwrap();
-                if poison(rank, step) {
-                    grads = overflow_on_this_rank(&ddp, grads, &model);
+                if let Some(value) = poison(rank, step) {
+                    grads = overflow_on_this_rank(&ddp, grads, &model, value);
                 }
                 model = if scaled {
                     zero.step_scaled(1e-2, model, grads, &ddp, &mut scaler)
@@ -108,8 +109,8 @@ fn train_on<A: AutodiffBackend>(
 
 #[test]
 fn power_of_two_loss_scale_changes_nothing() {
-    let plain = train(1, false, &[0, 1, 2, 3, 4], false, &|_, _| false);
-    let scaled = train(1, false, &[0, 1, 2, 3, 4], true, &|_, _| false);
+    let plain = train(1, false, &[0, 1, 2, 3, 4], false, &|_, _| None);
+    let scaled = train(1, false, &[0, 1, 2, 3, 4], true, &|_, _| None);
     assert_eq!(
         scaled[0].0, plain[0].0,
         "scaling by 2^k and unscaling is exact"
@@ -127,21 +128,38 @@ fn power_of_two_loss_scale_changes_nothing() {
 #[test]
 fn inf_on_one_rank_skips_the_step_on_every_rank_without_advancing_adam() {
     // Step 0 too: a skip before any update (on the device there is no parameter copy yet).
-    for (stage, on_device, bad) in [
+    let cases = [
         (1, false, 2),
         (2, false, 2),
         (1, true, 2),
         (2, true, 2),
         (1, true, 0),
         (2, true, 0),
-    ] {
-        let what = format!("stage {stage} (device: {on_device}), overflow at step {bad}");
+    ];
+    assert_one_rank_overflow_skips_the_step_everywhere(f32::INFINITY, &cases);
+}
+
+/// A finite gradient whose square overflows f32 (1e30 in the scaled gradient, about 1e25
+/// unscaled) counts as an overflow on the host path as it does on the device, where the
+/// kernels sum the squares in f32; taken, the step would put inf into Adam's `v = g²`.
+#[test]
+fn a_finite_gradient_whose_square_overflows_f32_skips_the_step_on_host_and_device() {
+    let cases = [(1, false, 2), (2, false, 2), (1, true, 2), (2, true, 2)];
+    assert_one_rank_overflow_skips_the_step_everywhere(1e30, &cases);
+}
+
+/// For each `(stage, on_device, step)`: `value` added to rank 1's gradient at that step makes
+/// every rank skip exactly that step, back off the scale once, and end where a run without
+/// the step ends.
+fn assert_one_rank_overflow_skips_the_step_everywhere(value: f32, cases: &[(u8, bool, usize)]) {
+    for &(stage, on_device, bad) in cases {
+        let what = format!("stage {stage} (device: {on_device}), {value:e} added at step {bad}");
         let poisoned = train(stage, on_device, &[0, 1, 2, 3, 4], true, &|rank, step| {
-            rank == 1 && step == bad
+            (rank == 1 && step == bad).then_some(value)
         });
         // The same run without that step at all: Adam's step count and moments must match.
         let steps: Vec<usize> = (0..5).filter(|&s| s != bad).collect();
-        let without = train(stage, on_device, &steps, true, &|_, _| false);
+        let without = train(stage, on_device, &steps, true, &|_, _| None);
         for (rank, (params, scale, skipped)) in poisoned.iter().enumerate() {
             assert_eq!(
                 *skipped, 1,

@@ -542,7 +542,7 @@ fn grad_scaler_unscales_exactly_and_all_ranks_agree_on_overflow() {
             .unwrap()
             .unwrap();
         let grads = if rank == 1 {
-            overflow_on_this_rank(&ddp, grads, &model)
+            overflow_on_this_rank(&ddp, grads, &model, f32::INFINITY)
         } else {
             grads
         };
