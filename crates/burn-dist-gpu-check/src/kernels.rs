@@ -6,7 +6,8 @@ use std::time::Instant;
 
 use burn_dist_kernels::testing::{
     Rng, check_bandwidth_copy, check_consecutive_steps, check_fused_step_equals_f64_reference,
-    check_half_precision_copies, check_inf_and_nan_skip_the_step,
+    check_half_precision_copies, check_inf_and_nan_skip_the_step, check_kernels_stay_within_len,
+    check_overflowing_norm_skips_the_step,
 };
 use burn_dist_kernels::{FusedAdam, ModelDtype};
 use cubecl::Runtime;
@@ -34,7 +35,7 @@ pub fn run(report: &mut Report, options: &Options) {
             );
         }
     };
-    let checks: [(&str, Check); 5] = [
+    let checks: [(&str, Check); 7] = [
         // First: its time includes NVRTC's compilation of the kernels.
         ("fused_step_equals_f64_reference", |f, rng| {
             check_fused_step_equals_f64_reference(f, rng);
@@ -56,6 +57,14 @@ pub fn run(report: &mut Report, options: &Options) {
         }),
         ("consecutive_steps_follow_the_reference", |f, rng| {
             check_consecutive_steps(f, rng);
+            Ok(())
+        }),
+        ("overflowing_norm_skips_the_step", |f, rng| {
+            check_overflowing_norm_skips_the_step(f, rng);
+            Ok(())
+        }),
+        ("kernels_stay_within_len", |f, rng| {
+            check_kernels_stay_within_len(f, rng);
             Ok(())
         }),
         ("bandwidth_copy_copies_exactly", |f, rng| {
