@@ -30,6 +30,9 @@ struct Group {
     other_test_packages: &'static [&'static str],
     /// Whether the tests run the kernels on wgpu (Mesa's lavapipe).
     needs_vulkan: bool,
+    /// Seconds one mutant's tests may take before cargo-mutants counts it as a timeout (a
+    /// mutant that makes a wait or a loop endless): several times the group's unmutated tests.
+    test_timeout_secs: u32,
 }
 
 const GROUPS: &[Group] = &[
@@ -43,6 +46,7 @@ const GROUPS: &[Group] = &[
         tests: DDP_TESTS,
         needs_vulkan: true,
         other_test_packages: &["burn-dist-zero"],
+        test_timeout_secs: LONG_TESTS_TIMEOUT_SECS,
     },
     Group {
         name: "checkpoint-reader",
@@ -55,6 +59,7 @@ const GROUPS: &[Group] = &[
         tests: &["--lib", "--test", "checkpoint"],
         needs_vulkan: false,
         other_test_packages: &[],
+        test_timeout_secs: LONG_TESTS_TIMEOUT_SECS,
     },
     Group {
         name: "zero-adam",
@@ -75,6 +80,7 @@ const GROUPS: &[Group] = &[
         ],
         needs_vulkan: true,
         other_test_packages: &[],
+        test_timeout_secs: LONG_TESTS_TIMEOUT_SECS,
     },
     Group {
         name: "reducer",
@@ -83,6 +89,7 @@ const GROUPS: &[Group] = &[
         tests: DDP_TESTS,
         needs_vulkan: true,
         other_test_packages: &["burn-dist-zero"],
+        test_timeout_secs: LONG_TESTS_TIMEOUT_SECS,
     },
     Group {
         name: "kernels-reference",
@@ -91,6 +98,8 @@ const GROUPS: &[Group] = &[
         tests: KERNEL_TESTS,
         needs_vulkan: true,
         other_test_packages: &[],
+        // Their unmutated tests take about 5 s.
+        test_timeout_secs: 60,
     },
     Group {
         name: "kernels-gpu",
@@ -99,6 +108,8 @@ const GROUPS: &[Group] = &[
         tests: KERNEL_TESTS,
         needs_vulkan: true,
         other_test_packages: &[],
+        // Their unmutated tests take about 5 s.
+        test_timeout_secs: 60,
     },
 ];
 
@@ -132,9 +143,9 @@ const KERNEL_TESTS: &[&str] = &[
     "kernels_on_wgpu",
 ];
 
-/// Seconds one mutant's tests may take before cargo-mutants counts it as a timeout (a mutant
-/// that makes a wait endless).
-const TEST_TIMEOUT_SECS: &str = "300";
+/// The timeout of the groups whose unmutated tests take up to 100 s (the reducer's, with
+/// lavapipe).
+const LONG_TESTS_TIMEOUT_SECS: u32 = 300;
 
 pub fn mutants(args: &[String]) -> Result<(), String> {
     let (shard, names) = shard_and_groups(args)?;
@@ -194,7 +205,11 @@ pub fn mutants(args: &[String]) -> Result<(), String> {
                 "--package",
                 group.package,
             ])
-            .args(["--timeout", TEST_TIMEOUT_SECS, "--output"])
+            .args([
+                "--timeout",
+                &group.test_timeout_secs.to_string(),
+                "--output",
+            ])
             .arg(&out);
         for file in group.files {
             command.args(["--file", file]);
