@@ -574,3 +574,32 @@ impl<R: Runtime> FusedAdam<R> {
             .to_vec()
     }
 }
+
+#[cfg(all(test, feature = "wgpu"))]
+mod tests {
+    use super::*;
+
+    /// Past wgpu's 65 535 cubes in one dimension the cube count spreads over two. Every cube
+    /// launched must have a partial (pass 1's cube `CUBE_POS` writes one, `reduce_partials`
+    /// reads them all), and the cubes must cover every vector.
+    #[test]
+    fn the_partials_count_every_cube_launched() {
+        let fused = FusedAdam::new(crate::testing::wgpu_client());
+        let max_x = fused.client().properties().hardware.max_cube_count.0 as usize;
+        for n_vectors in [1, 256, 257, max_x * 256, max_x * 256 + 1, 1 << 26] {
+            let (count, partials) = fused.cubes(n_vectors);
+            let CubeCount::Static(x, y, z) = count else {
+                panic!("{n_vectors} vectors: a dynamic cube count")
+            };
+            let launched = x as usize * y as usize * z as usize;
+            assert!(
+                partials >= launched,
+                "{n_vectors} vectors: {launched} cubes launched ({x}, {y}, {z}), {partials} partials"
+            );
+            assert!(
+                partials * CUBE_SIZE as usize >= n_vectors,
+                "{n_vectors} vectors: {partials} cubes of {CUBE_SIZE} do not cover them"
+            );
+        }
+    }
+}
