@@ -159,6 +159,13 @@ fn f32_from_bytes(bytes: &[u8]) -> Vec<f32> {
 /// Asserts that a 16-bit model copy (`bytes`) holds, element for element, `round(master)` with
 /// the rounding `to_bits` of its type (round to nearest even).
 fn assert_half_copy(name: &str, bytes: &[u8], master: &[f32], to_bits: impl Fn(f32) -> u16) {
+    assert_eq!(
+        bytes.len(),
+        2 * master.len(),
+        "{name} copy: {} bytes for {} elements",
+        bytes.len(),
+        master.len()
+    );
     let want = master.iter().map(|&x| to_bits(x));
     let bad = u16_from_bytes(bytes)
         .zip(want)

@@ -49,6 +49,16 @@ fn bf16_copy_is_round_to_nearest_even_of_master() {
     check_half_precision_copy(&fused(), &mut seeded(), ModelDtype::Bf16);
 }
 
+/// The skip list's reason holds: were bf16 offered here, its check would have to run.
+#[test]
+fn wgpu_offers_no_bf16_so_its_check_is_rightly_skipped() {
+    assert!(!fused().supports(ModelDtype::Bf16));
+    assert!(
+        fused().supports(ModelDtype::F16),
+        "lavapipe offers shader-f16; the f16 check runs"
+    );
+}
+
 #[test]
 fn injected_inf_and_nan_are_detected_and_the_step_is_skipped() {
     check_inf_and_nan_skip_the_step(&fused(), &mut seeded());
