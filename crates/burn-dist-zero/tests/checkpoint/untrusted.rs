@@ -281,3 +281,59 @@ fn a_missing_manifest_means_incomplete_and_an_unreadable_one_an_io_error() {
         other => panic!("expected an I/O error, got {other:?}"),
     }
 }
+
+/// A layout whose sizes do not add up to its total, or whose shards do not cover it, is
+/// refused naming the manifest: each inconsistency alone.
+#[test]
+fn a_layout_that_does_not_add_up_is_refused() {
+    let (_root, good) = good_checkpoint();
+    let edits: [(&str, fn(&mut Manifest)); 2] = [
+        ("sizes that do not add up to the total", |m| {
+            m.layout.total -= 1
+        }),
+        ("shards that do not cover the total", |m| {
+            m.layout.shard_len -= 1
+        }),
+    ];
+    for (what, edit) in edits {
+        let (_keep, dir) = copy_checkpoint(&good);
+        resign(&dir, edit);
+        match verify_error(&dir) {
+            CheckpointError::Corrupt { path, reason } => {
+                assert_eq!(path, dir.join(MANIFEST), "{what}");
+                assert!(reason.contains("inconsistent layout"), "{what}: {reason}");
+            }
+            other => panic!("{what}: {other}"),
+        }
+    }
+}
+
+/// The manifest's files are found by what they are, not by where they are listed.
+#[test]
+fn the_files_may_be_listed_in_any_order() {
+    let (_root, good) = good_checkpoint();
+    let (_keep, dir) = copy_checkpoint(&good);
+    resign(&dir, |m| m.files.reverse());
+    assert_eq!(load_errors(&dir), ["loaded", "loaded"]);
+}
+
+/// A manifest written by format version 2 (ZeroAdam's shards, two ranks, a loss scaler; saved
+/// from this suite's good checkpoint on 2026-12-02) still reads, checksum included: the
+/// checksum covers the manifest's canonical serialization, so a change of that serialization
+/// (a renamed field, a new field written by default, such as the `optimizer` kind that only
+/// Burn optimizers' records carry) would refuse every checkpoint saved before it. Such a change
+/// needs a new format version, and this file stays as the old version's witness.
+#[test]
+fn a_format_2_manifest_saved_earlier_still_reads() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = checkpoint::step_dir(root.path(), 1);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join(MANIFEST),
+        include_str!("fixtures/format-2-zero-adam-manifest.json"),
+    )
+    .unwrap();
+    let manifest = Manifest::read(&dir).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!((manifest.step, manifest.world_size), (1, 2));
+    assert_eq!(manifest.optimizer, checkpoint::OptimizerState::Shards);
+}
