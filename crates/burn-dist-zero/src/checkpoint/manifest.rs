@@ -393,3 +393,19 @@ pub(crate) fn parse_step(name: &str) -> Option<u64> {
         .then(|| digits.parse().ok())
         .flatten()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::parse_step;
+
+    /// Only `step-` and decimal digits name a checkpoint directory: Rust's integer parser alone
+    /// would also take a sign (`step-+5`), and a foreign directory would count as step 5.
+    #[test]
+    fn a_step_directory_is_named_step_and_digits_only() {
+        assert_eq!(parse_step("step-0000000005"), Some(5));
+        assert_eq!(parse_step("step-7"), Some(7));
+        for name in ["step-", "step-+5", "step--5", "step-5a", "step- 5", "Step-5", "5"] {
+            assert_eq!(parse_step(name), None, "{name:?}");
+        }
+    }
+}
