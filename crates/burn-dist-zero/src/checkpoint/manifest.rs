@@ -404,7 +404,9 @@ mod tests {
     fn a_step_directory_is_named_step_and_digits_only() {
         assert_eq!(parse_step("step-0000000005"), Some(5));
         assert_eq!(parse_step("step-7"), Some(7));
-        for name in ["step-", "step-+5", "step--5", "step-5a", "step- 5", "Step-5", "5"] {
+        for name in [
+            "step-", "step-+5", "step--5", "step-5a", "step- 5", "Step-5", "5",
+        ] {
             assert_eq!(parse_step(name), None, "{name:?}");
         }
     }

@@ -136,11 +136,13 @@ pub fn decode(path: &Path, bytes: &[u8]) -> Result<OptimizerShard> {
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_shard_round_trips_and_any_cut_is_refused() {
-        let layout = FlatLayout::new(&[7, 1, 30], 3, 4);
+    /// Rank 2's shard of three parameters over three ranks, with `short` elements fewer per
+    /// shard than the layout needs.
+    fn sample(short: usize) -> OptimizerShard {
+        let mut layout = FlatLayout::new(&[7, 1, 30], 3, 4);
+        layout.shard_len -= short;
         let s = layout.shard_len;
-        let shard = OptimizerShard {
+        OptimizerShard {
             rank: 2,
             layout,
             master: (0..s).map(|i| i as f32 * 0.5).collect(),
@@ -148,7 +150,12 @@ mod tests {
             v: (0..s).map(|i| i as f32 * 1e-3).collect(),
             time: vec![3, 2, 3],
             skipped: 1,
-        };
+        }
+    }
+
+    #[test]
+    fn a_shard_round_trips_and_any_cut_is_refused() {
+        let shard = sample(0);
         let bytes = encode(&shard);
         let path = Path::new("optim-rank-00002.bin");
         assert_eq!(decode(path, &bytes).unwrap(), shard);
@@ -160,5 +167,27 @@ mod tests {
         newer[8..12].copy_from_slice(&(SHARD_VERSION + 1).to_le_bytes());
         let error = decode(path, &newer).unwrap_err().to_string();
         assert!(error.contains("format version 2 is newer"), "{error}");
+    }
+
+    /// Each inconsistency of the header alone is refused: a total that is not the sum of the
+    /// sizes, a rank outside the world, shards that do not cover the total.
+    #[test]
+    fn an_inconsistent_header_is_refused_each_inconsistency_alone() {
+        let path = Path::new("optim-rank-00002.bin");
+        let good = encode(&sample(0));
+        let total = u64::from_le_bytes(good[40..48].try_into().unwrap());
+        let mut wrong_total = good.clone();
+        wrong_total[40..48].copy_from_slice(&(total - 1).to_le_bytes());
+        let mut outside = good.clone();
+        outside[16..20].copy_from_slice(&3u32.to_le_bytes()); // rank 3 of 3
+        let too_short = encode(&sample(4));
+        for (what, bytes) in [
+            ("total", wrong_total),
+            ("rank", outside),
+            ("shard length", too_short),
+        ] {
+            let error = decode(path, &bytes).unwrap_err().to_string();
+            assert!(error.contains("inconsistent header"), "{what}: {error}");
+        }
     }
 }
