@@ -287,7 +287,8 @@ fn a_missing_manifest_means_incomplete_and_an_unreadable_one_an_io_error() {
 #[test]
 fn a_layout_that_does_not_add_up_is_refused() {
     let (_root, good) = good_checkpoint();
-    let edits: [(&str, fn(&mut Manifest)); 2] = [
+    type Edit = fn(&mut Manifest);
+    let edits: [(&str, Edit); 2] = [
         ("sizes that do not add up to the total", |m| {
             m.layout.total -= 1
         }),
