@@ -186,8 +186,8 @@ fn u16_from_bytes(bytes: &[u8]) -> impl Iterator<Item = u16> + '_ {
 }
 
 /// A vectorized length whose pass 1 has more cubes (300) than a cube has units
-/// ([`crate::kernels::CUBE_SIZE`], 256): `reduce_partials` must loop over its partials, not take one
-/// each.
+/// ([`crate::kernels::CUBE_SIZE`], 256): `reduce_partials` must loop over its partials, not
+/// take one each.
 const MORE_CUBES_THAN_UNITS: usize = 4 * 256 * 300;
 
 /// One case: random state of `regime` at a random step, one fused step on the device,
