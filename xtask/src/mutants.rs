@@ -98,8 +98,7 @@ const GROUPS: &[Group] = &[
         tests: KERNEL_TESTS,
         needs_vulkan: true,
         other_test_packages: &[],
-        // Their unmutated tests take about 5 s.
-        test_timeout_secs: 60,
+        test_timeout_secs: KERNEL_TESTS_TIMEOUT_SECS,
     },
     Group {
         name: "kernels-gpu",
@@ -108,8 +107,7 @@ const GROUPS: &[Group] = &[
         tests: KERNEL_TESTS,
         needs_vulkan: true,
         other_test_packages: &[],
-        // Their unmutated tests take about 5 s.
-        test_timeout_secs: 60,
+        test_timeout_secs: KERNEL_TESTS_TIMEOUT_SECS,
     },
 ];
 
@@ -142,6 +140,9 @@ const KERNEL_TESTS: &[&str] = &[
     "--test",
     "kernels_on_wgpu",
 ];
+
+/// The kernel groups' timeout: their unmutated tests take about 5 s.
+const KERNEL_TESTS_TIMEOUT_SECS: u32 = 60;
 
 /// The timeout of the groups whose unmutated tests take up to 100 s (the reducer's, with
 /// lavapipe).
