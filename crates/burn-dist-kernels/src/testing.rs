@@ -538,7 +538,8 @@ pub fn check_kernels_stay_within_len<R: Runtime>(fused: &FusedAdam<R>, rng: &mut
             scalars: random_scalars(true, rng),
             max_norm: Some(1.0),
         };
-        let exact = fused.upload(&master, &m, &v, 3, &scaled, 1.0 / 1024.0, ModelDtype::F32);
+        let upload = || fused.upload(&master, &m, &v, 3, &scaled, 1.0 / 1024.0, ModelDtype::F32);
+        let exact = upload();
         fused.step(&exact, hyper);
 
         let client = fused.client();
@@ -547,7 +548,7 @@ pub fn check_kernels_stay_within_len<R: Runtime>(fused: &FusedAdam<R>, rng: &mut
             padded.extend([tail; TAIL]);
             client.create_from_slice(f32::as_bytes(&padded))
         };
-        let mut padded = fused.upload(&master, &m, &v, 3, &scaled, 1.0 / 1024.0, ModelDtype::F32);
+        let mut padded = upload();
         let partials = fused.read_f32(&padded.partial_sq).len();
         padded.master = with_tail(&master, SENTINEL);
         padded.m = with_tail(&m, SENTINEL);
