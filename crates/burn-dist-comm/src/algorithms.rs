@@ -133,8 +133,15 @@ pub(crate) fn all_gather_in_place(
     data: &mut [u8],
     elem: usize,
 ) -> Result<()> {
+    let world = t.world();
+    let chunks = split_chunks(data, world, elem);
+    gather_chunks(t, op, chunks)
+}
+
+/// Fills every rank's chunk (one per rank, in rank order) with its owner's; this rank's is sent
+/// as it is.
+fn gather_chunks(t: &mut dyn Transport, op: &OpDesc, mut chunks: Vec<&mut [u8]>) -> Result<()> {
     let (rank, world) = (t.rank(), t.world());
-    let mut chunks = split_chunks(data, world, elem);
     let own: &[u8] = &*std::mem::take(&mut chunks[rank]);
     let sends: Vec<(usize, &[u8])> = send_order(rank, world).map(|q| (q, own)).collect();
     let mut recvs: Vec<(usize, &mut [u8])> = recv_order(rank, world)
@@ -184,6 +191,22 @@ pub(crate) fn all_gather(
     let own = chunk_bytes(total_len, t.world(), t.rank(), dtype.size());
     full.as_bytes_mut()[own].copy_from_slice(shard.as_bytes());
     all_gather_in_place(t, op, full.as_bytes_mut(), dtype.size())?;
+    Ok(full)
+}
+
+/// Concatenates every rank's chunk of `counts[q]` elements, in rank order.
+pub(crate) fn all_gather_counts(
+    t: &mut dyn Transport,
+    op: &OpDesc,
+    shard: &HostBuffer,
+    counts: &[usize],
+) -> Result<HostBuffer> {
+    let dtype = shard.dtype();
+    let mut full = HostBuffer::zeros(dtype, counts.iter().sum());
+    let ranges = count_bytes(counts, dtype.size());
+    full.as_bytes_mut()[ranges[t.rank()].clone()].copy_from_slice(shard.as_bytes());
+    let chunks = split_by_sizes(full.as_bytes_mut(), ranges.iter().map(Range::len));
+    gather_chunks(t, op, chunks)?;
     Ok(full)
 }
 

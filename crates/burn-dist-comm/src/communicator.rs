@@ -1,6 +1,7 @@
 //! The communicator: collectives issued from any thread, executed in issue order on a worker
 //! thread (the host analogue of a CUDA comm stream), completed through [`Pending`] handles.
 
+use std::sync::Arc;
 use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
 use std::thread::JoinHandle;
 
@@ -115,8 +116,14 @@ enum Job {
     /// With every rank's element count (the even [`chunk_range`] split unless given).
     ReduceScatter(HostBuffer, ReduceOp, Vec<usize>, Done<HostBuffer>),
     AllGather(HostBuffer, usize, Done<HostBuffer>),
+    /// This rank's chunk, every rank's element count, the tag.
+    AllGatherCounts(HostBuffer, Vec<usize>, u32, Done<HostBuffer>),
     Broadcast(HostBuffer, usize, Done<HostBuffer>),
     Barrier(Done<()>),
+    /// Names for tags, index `tag - 1` (not a collective: no message, no sequence number).
+    Labels(Vec<String>),
+    /// Stops the group with the caller's reason (not a collective).
+    Abort(String, Done<()>),
 }
 
 /// The host (CPU) communicator, over in-process channels or TCP.
@@ -139,6 +146,7 @@ impl HostCommunicator {
                     transport,
                     seq: 0,
                     scratch: Scratch::default(),
+                    labels: None,
                 }
                 .run(queue)
             })
@@ -168,6 +176,43 @@ impl HostCommunicator {
 
     fn submit<T>(&self, make: impl FnOnce(Done<T>) -> Job) -> Pending<T> {
         submit(self.rank, self.jobs.as_ref(), make)
+    }
+
+    /// All-gather into uneven chunks, tagged: every rank gets the concatenation, in rank
+    /// order, of every rank's chunk, rank `q`'s holding `counts[q]` elements (a count may be
+    /// 0). `shard` must hold exactly `counts[rank]` elements, and `counts` and `tag` must be the
+    /// same on every rank. The tag (not 0 for "none") says what the payload is and travels in
+    /// every message: a rank whose peer sent another tag fails with `CommError::Mismatch`
+    /// naming both, instead of concatenating two different things. Stage-3 parameter sharding
+    /// gathers each parameter this way, its pieces being the parameter's intersections with
+    /// the ranks' shards of the flat layout, tagged with the parameter.
+    pub fn all_gather_counts(
+        &self,
+        shard: HostBuffer,
+        counts: Vec<usize>,
+        tag: u32,
+    ) -> Pending<HostBuffer> {
+        self.submit(|done| Job::AllGatherCounts(shard, counts, tag, done))
+    }
+
+    /// Stops the group because of `reason`, a failure the caller found (say, a rank whose
+    /// model is no longer in the state the others expect): every peer's pending and later
+    /// collectives fail at once with "rank r aborted the group: {reason}", instead of waiting
+    /// for this rank until the timeout. Runs after the collectives issued before it; the
+    /// returned error is the group's first failure (this one unless another came first).
+    pub fn abort(&self, reason: String) -> CommError {
+        match self.submit(|done| Job::Abort(reason, done)).wait() {
+            Err(cause) => cause,
+            Ok(()) => unreachable!("an abort always fails the group"),
+        }
+    }
+
+    /// Names the tags of later collectives in error messages: `labels[t - 1]` for tag `t`.
+    /// Ordered with the collectives issued before and after it; it sends nothing.
+    pub fn label_tags(&self, labels: Vec<String>) {
+        if let Some(jobs) = &self.jobs {
+            _ = jobs.send(Job::Labels(labels));
+        }
     }
 }
 
@@ -242,6 +287,8 @@ struct Worker {
     transport: Box<dyn Transport>,
     seq: u64,
     scratch: Scratch,
+    /// What each tag stands for, for error messages ([`HostCommunicator::label_tags`]).
+    labels: Option<Arc<[String]>>,
 }
 
 impl Worker {
@@ -249,6 +296,18 @@ impl Worker {
         let span = tracing::info_span!("comm", rank = self.transport.rank());
         let _entered = span.enter();
         while let Ok(job) = queue.recv() {
+            match job {
+                Job::Labels(labels) => {
+                    self.labels = Some(labels.into());
+                    continue;
+                }
+                Job::Abort(reason, done) => {
+                    let cause = self.transport.abort(CommError::Cancelled { reason });
+                    _ = done.send(Err(cause));
+                    continue;
+                }
+                _ => {}
+            }
             self.execute(job);
             self.seq += 1;
         }
@@ -259,6 +318,8 @@ impl Worker {
         OpDesc {
             kind,
             seq: self.seq,
+            tag: 0,
+            tag_labels: None,
             dtype: buf.map(HostBuffer::dtype),
             reduce,
             bytes: buf.map_or(0, |b| b.as_bytes().len()),
@@ -314,6 +375,29 @@ impl Worker {
                 };
                 self.finish(done, result);
             }
+            Job::AllGatherCounts(shard, counts, tag, done) => {
+                let op = OpDesc {
+                    tag,
+                    tag_labels: self.labels.clone(),
+                    ..self.desc(OpKind::AllGather, Some(&shard), None)
+                };
+                let result = check_counts(&op, &counts, counts.iter().sum(), world)
+                    .and_then(|()| {
+                        if shard.len() == counts[rank] {
+                            return Ok(());
+                        }
+                        let reason = format!(
+                            "rank {rank} passed {} elements; its count is {}",
+                            shard.len(),
+                            counts[rank]
+                        );
+                        Err(CommError::invalid(op.to_string(), reason))
+                    })
+                    .and_then(|()| {
+                        algorithms::all_gather_counts(&mut *self.transport, &op, &shard, &counts)
+                    });
+                self.finish(done, result);
+            }
             Job::Broadcast(mut buf, root, done) => {
                 let op = self.desc(OpKind::Broadcast, Some(&buf), None);
                 let result = if root >= world {
@@ -331,6 +415,7 @@ impl Worker {
                 let result = algorithms::barrier(&mut *self.transport, &op);
                 self.finish(done, result);
             }
+            Job::Labels(_) | Job::Abort(..) => unreachable!("taken in `run`: not collectives"),
         }
     }
 

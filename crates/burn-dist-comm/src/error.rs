@@ -25,6 +25,11 @@ pub enum CommError {
         timeout: Duration,
     },
 
+    /// This rank's caller stopped the group ([`HostCommunicator::abort`](crate::HostCommunicator::abort)),
+    /// for a reason of its own that every peer then reports.
+    #[error("{reason}")]
+    Cancelled { reason: String },
+
     /// Another rank failed and told the group why.
     #[error("rank {by} aborted the group: {reason}")]
     Aborted { by: usize, reason: String },
@@ -39,6 +44,8 @@ pub enum CommError {
         op: OpDesc,
         expected: String,
         got: String,
+        /// The tag of what the peer sent ([`OpDesc::tag`]), 0 for none or an unreadable header.
+        got_tag: u32,
     },
 
     /// The caller passed arguments that cannot work.

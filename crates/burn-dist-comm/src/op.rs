@@ -1,6 +1,7 @@
 //! Names of collectives, for wire headers and for error messages.
 
 use std::fmt;
+use std::sync::Arc;
 
 use crate::{DType, ReduceOp};
 
@@ -56,6 +57,13 @@ pub struct OpDesc {
     pub kind: OpKind,
     /// Position of this collective in the communicator's issue order, from 0.
     pub seq: u64,
+    /// What the caller says the payload is (burn-dist: which parameter a stage-3 gather
+    /// carries), checked like the kind and the size; 0 for none. Displays by its label when the
+    /// communicator has one ([`HostCommunicator::label_tags`](crate::HostCommunicator::label_tags)).
+    pub tag: u32,
+    /// What the communicator's tags stand for (`tag_labels[t - 1]` for tag `t`), so that a
+    /// mismatch names both sides' payloads; `None` when nobody labelled them.
+    pub tag_labels: Option<Arc<[String]>>,
     pub dtype: Option<DType>,
     pub reduce: Option<ReduceOp>,
     /// Size of the buffer handed to the collective.
@@ -65,6 +73,9 @@ pub struct OpDesc {
 impl fmt::Display for OpDesc {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{} #{}", self.kind, self.seq)?;
+        if self.tag != 0 {
+            write!(f, " tag {}", self.tag)?;
+        }
         if let Some(dtype) = self.dtype {
             write!(f, " ({dtype}")?;
             if let Some(reduce) = self.reduce {
@@ -73,6 +84,16 @@ impl fmt::Display for OpDesc {
             write!(f, ", {})", human_bytes(self.bytes))?;
         }
         Ok(())
+    }
+}
+
+impl OpDesc {
+    /// ` (`label`)` for `tag` when the labels name it, else nothing.
+    pub(crate) fn label_of(&self, tag: u32) -> String {
+        (tag as usize)
+            .checked_sub(1)
+            .and_then(|i| self.tag_labels.as_deref()?.get(i))
+            .map_or_else(String::new, |label| format!(" (`{label}`)"))
     }
 }
 

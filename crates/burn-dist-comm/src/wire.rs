@@ -9,11 +9,13 @@ use crate::{DType, OpDesc, OpKind};
 pub(crate) const HEADER_LEN: usize = 24;
 const MAGIC: u8 = 0xBD;
 
-/// `[magic, op, dtype, 0, 0, 0, 0, 0] seq:u64 len:u64`, little endian.
+/// `[magic, op, dtype, 0] tag:u32 seq:u64 len:u64`, little endian.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Header {
     pub op: OpKind,
     pub dtype: Option<DType>,
+    /// What the caller says the payload is ([`OpDesc::tag`]); 0 for none.
+    pub tag: u32,
     pub seq: u64,
     /// Payload bytes that follow.
     pub len: u64,
@@ -24,6 +26,7 @@ impl Header {
         Header {
             op: desc.kind,
             dtype: desc.dtype,
+            tag: desc.tag,
             seq: desc.seq,
             len: 0,
         }
@@ -41,6 +44,7 @@ impl Header {
         out[0] = MAGIC;
         out[1] = self.op.code();
         out[2] = self.dtype.map_or(0, DType::code);
+        out[4..8].copy_from_slice(&self.tag.to_le_bytes());
         out[8..16].copy_from_slice(&self.seq.to_le_bytes());
         out[16..24].copy_from_slice(&self.len.to_le_bytes());
         out
@@ -61,11 +65,13 @@ impl Header {
             4 => Some(DType::U8),
             code => return Err(format!("unknown dtype code {code}")),
         };
+        let tag = u32::from_le_bytes(bytes[4..8].try_into().expect("4 bytes"));
         let seq = u64::from_le_bytes(bytes[8..16].try_into().expect("8 bytes"));
         let len = u64::from_le_bytes(bytes[16..24].try_into().expect("8 bytes"));
         Ok(Header {
             op,
             dtype,
+            tag,
             seq,
             len,
         })
@@ -75,6 +81,9 @@ impl Header {
 impl fmt::Display for Header {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{} #{}", self.op, self.seq)?;
+        if self.tag != 0 {
+            write!(f, " tag {}", self.tag)?;
+        }
         if let Some(dtype) = self.dtype {
             write!(f, " {dtype}")?;
         }

@@ -194,6 +194,72 @@ fn all_gather_and_broadcast_match_reference(wire: Wire, lengths: &[usize]) {
     }
 }
 
+/// Uneven chunks, empty ones included (stage 3's parameter pieces): every rank gets the
+/// concatenation, bitwise, whatever the dtype; the large splits take several messages' worth of
+/// a link's buffer.
+fn all_gather_counts_match_reference(wire: Wire) {
+    let splits: [&[usize]; 7] = [
+        &[5],
+        &[0, 9],
+        &[9, 0],
+        &[3, 0, 4],
+        &[0, 0, 7, 0],
+        &[1, 8, 0, 2],
+        &[300_001, 0, 70_001],
+    ];
+    for counts in splits {
+        let (world, len) = (counts.len(), counts.iter().sum::<usize>());
+        for dtype in [DType::F32, DType::F16, DType::BF16, DType::U8] {
+            let full = rank_data(dtype, len, 29, 5);
+            let got = with_group(wire, world, |rank, comm| {
+                let start: usize = counts[..rank].iter().sum();
+                let shard = full.slice(start..start + counts[rank]);
+                comm.all_gather_counts(shard, counts.to_vec(), 7)
+                    .wait()
+                    .unwrap()
+            });
+            for (rank, got) in got.iter().enumerate() {
+                let what = format!("all_gather_counts {dtype} {counts:?} rank {rank}");
+                assert_bitwise(got, &full, &what);
+            }
+        }
+    }
+}
+
+#[test]
+fn all_gather_counts_match_reference_in_process() {
+    all_gather_counts_match_reference(Wire::Local);
+}
+
+#[test]
+fn all_gather_counts_match_reference_over_tcp() {
+    all_gather_counts_match_reference(Wire::Tcp);
+}
+
+#[test]
+fn all_gather_counts_match_reference_over_shared_memory() {
+    all_gather_counts_match_reference(Wire::Shm);
+}
+
+#[test]
+fn all_gather_counts_refuse_a_chunk_of_another_length_naming_the_rank() {
+    let got = with_group(Wire::Local, 3, |rank, comm| {
+        let len = if rank == 2 { 4 } else { 2 };
+        comm.all_gather_counts(HostBuffer::F32(vec![0.0; len]), vec![2, 2, 2], 1)
+            .wait()
+            .unwrap_err()
+            .to_string()
+    });
+    assert!(
+        got[2].contains("rank 2 passed 4 elements; its count is 2"),
+        "{}",
+        got[2]
+    );
+    for (rank, message) in got.iter().enumerate() {
+        assert!(message.contains("rank 2"), "rank {rank}: {message}");
+    }
+}
+
 #[test]
 fn all_reduce_matches_reference_in_process() {
     all_reduce_matches_reference(Wire::Local, &LENGTHS);

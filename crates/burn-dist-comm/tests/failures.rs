@@ -170,6 +170,41 @@ fn mismatched_collectives_are_reported(comms: Vec<HostCommunicator>) {
     );
 }
 
+/// Two ranks gather different things at the same point of their programs (stage 3: rank 1
+/// took a branch that uses another parameter): same collective, same size, different tags.
+/// Every rank fails, and the message names both payloads by their labels.
+fn different_tags_are_reported_by_label(comms: Vec<HostCommunicator>) {
+    let errors = run_ranks(comms, |rank, comm| {
+        comm.label_tags(vec!["layers.0.weight".into(), "layers.1.weight".into()]);
+        let tag = 1 + u32::from(rank == 1);
+        comm.all_gather_counts(HostBuffer::F32(vec![0.0; 4]), vec![4, 4], tag)
+            .wait()
+            .unwrap_err()
+            .to_string()
+    });
+    for (rank, error) in errors.iter().enumerate() {
+        assert!(
+            error.contains("tag 1") && error.contains("tag 2"),
+            "rank {rank}: {error}"
+        );
+        assert!(
+            error.contains("`layers.0.weight`") && error.contains("`layers.1.weight`"),
+            "rank {rank}: {error}"
+        );
+    }
+}
+
+#[test]
+fn different_tags_are_reported_by_label_in_process() {
+    different_tags_are_reported_by_label(HostCommunicator::local_group(2, &config(30_000)));
+}
+
+#[test]
+fn different_tags_are_reported_by_label_over_tcp() {
+    let (_store, comms) = linked_group(2, &config(30_000), Link::Tcp);
+    different_tags_are_reported_by_label(comms);
+}
+
 #[test]
 fn sum_of_raw_bytes_is_refused_on_every_rank() {
     let errors = run_ranks(

@@ -184,6 +184,8 @@ impl Worker {
         OpDesc {
             kind,
             seq: self.seq,
+            tag: 0,
+            tag_labels: None,
             dtype: buf.map(DeviceBuffer::dtype),
             reduce,
             bytes: buf.map_or(0, |b| b.len() * b.dtype().size()),
@@ -269,6 +271,8 @@ impl Worker {
         let op = OpDesc {
             kind: OpKind::AllReduce,
             seq: self.seq,
+            tag: 0,
+            tag_labels: None,
             dtype: first.map(|(dtype, _)| dtype),
             reduce: first.and_then(|(_, op)| op.reduce()),
             bytes: group.bytes(),

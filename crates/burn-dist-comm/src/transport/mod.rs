@@ -138,8 +138,9 @@ pub(crate) fn check_header(peer: usize, op: &OpDesc, got: Header, len: usize) ->
         Err(CommError::Mismatch {
             peer,
             op: op.clone(),
-            expected: expect.to_string(),
-            got: got.to_string(),
+            expected: format!("{expect}{}", op.label_of(op.tag)),
+            got: format!("{got}{}", op.label_of(got.tag)),
+            got_tag: got.tag,
         })
     }
 }

@@ -279,6 +279,7 @@ impl Rx for ProcessRx {
             op: op.clone(),
             expected: Header::for_op(op).with_len(out.len()).to_string(),
             got,
+            got_tag: 0,
         })?;
         check_header(peer, op, got, out.len())?;
         link.read_exact(out)

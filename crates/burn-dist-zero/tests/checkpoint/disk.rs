@@ -146,6 +146,8 @@ fn a_timeout_during_a_save_says_how_to_raise_it() {
                 op: OpDesc {
                     kind: OpKind::AllGather,
                     seq: 12,
+                    tag: 0,
+                    tag_labels: None,
                     dtype: None,
                     reduce: None,
                     bytes: 16,
