@@ -26,7 +26,7 @@ pub const SEQUENCE: usize = 5;
 /// `on_step(step, local loss)` and returns the final parameters. The example and the
 /// equivalence tests run exactly this loop.
 #[allow(clippy::too_many_arguments)] // a test helper: each argument is one knob of the run
-pub fn train_synthetic<B: burn::tensor::backend::AutodiffBackend>(
+pub fn train_synthetic<B: burn_dist::DistributedAutodiff>(
     ddp: &mut burn_dist::Ddp,
     task: Synthetic,
     optimizer: &impl OptimizerKind,
@@ -101,11 +101,12 @@ fn train_loop<B, M>(
     loss: impl Fn(&M, usize, std::ops::Range<usize>) -> burn::tensor::Tensor<B, 1>,
 ) -> burn_dist::Result<Vec<Vec<f32>>>
 where
-    B: burn::tensor::backend::AutodiffBackend,
+    B: burn_dist::DistributedAutodiff,
     M: burn::module::AutodiffModule<B> + 'static,
 {
     let (rank, world, micro) = (ddp.rank(), ddp.world_size(), ddp.accumulation_steps());
-    let mut model = ddp.prepare(model)?;
+    // Replicated or sharded (ZeRO stage 3), as the backend's mode says.
+    let mut model = B::prepare_model(ddp, model)?;
     let mut optim = optimizer.build::<B, M>(ddp, &model);
     for step in 0..steps {
         let shard = shard_rows(global_batch, rank, world);
@@ -196,7 +197,7 @@ impl OptimizerKind for BurnAdamW {
 /// Trains `task` with `world` in-process ranks (threads, host collectives) and returns every
 /// rank's final parameters: the common body of the equivalence tests.
 #[allow(clippy::too_many_arguments)] // as train_synthetic
-pub fn train_ranks<B: burn::tensor::backend::AutodiffBackend>(
+pub fn train_ranks<B: burn_dist::DistributedAutodiff>(
     world: usize,
     config: &burn_dist::DdpConfig,
     task: Synthetic,
@@ -225,7 +226,7 @@ pub fn train_ranks<B: burn::tensor::backend::AutodiffBackend>(
 /// [`train_ranks`] with each rank's `Ddp` built by `make_ddp` from its communicator (the device
 /// path's, for instance); returns every rank's final parameters and its reducer's counters.
 #[allow(clippy::too_many_arguments)] // as train_synthetic
-pub fn train_ranks_with<B: burn::tensor::backend::AutodiffBackend>(
+pub fn train_ranks_with<B: burn_dist::DistributedAutodiff>(
     world: usize,
     make_ddp: impl Fn(burn_dist_comm::HostCommunicator) -> burn_dist::Ddp + Sync,
     task: Synthetic,

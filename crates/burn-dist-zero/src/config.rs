@@ -34,7 +34,9 @@ pub struct ZeroAdamConfig {
     pub align: usize,
     /// ZeRO stage: 1 shards the optimizer state (gradients are all-reduced in full); 2 also
     /// shards the gradients (each bucket is reduced straight to the ranks that own its
-    /// elements, and each rank keeps only its shard of the gradient).
+    /// elements, and each rank keeps only its shard of the gradient); 3 also shards the
+    /// parameters (the model must come from `Ddp::prepare_sharded`; the step writes this
+    /// rank's shard of the new parameters into the model's pieces, with no all-gather).
     #[config(default = 1)]
     pub stage: u8,
     /// Threads of the host step (state on the host, not `ZeroAdam::on_device`): `Some(n)` gives

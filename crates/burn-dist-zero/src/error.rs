@@ -31,10 +31,27 @@ pub enum ZeroError {
     #[error("call `Ddp::prepare(model)` before building ZeroAdam")]
     NotPrepared,
     #[error(
-        "ZeRO stage {stage} is not supported: use 1 (sharded optimizer state) or 2 (sharded \
-         optimizer state and gradients)"
+        "ZeRO stage {stage} is not supported: use 1 (sharded optimizer state), 2 (sharded \
+         optimizer state and gradients) or 3 (parameters sharded too)"
     )]
     UnsupportedStage { stage: u8 },
+    /// Stage 3 on a model that `Ddp::prepare_sharded` did not shard, or the other way round.
+    #[error(
+        "ZeRO stage {stage} with a model {state}: at stage 3 prepare the model with \
+         `Ddp::prepare_sharded` (backend `DistributedBackend<B, Sharded>`); at stages 1 and 2 \
+         with `Ddp::prepare`"
+    )]
+    StageAndModel { stage: u8, state: &'static str },
+    /// Stage 3 lays the shards out as the sharded model does.
+    #[error(
+        "ZeroAdamConfig::align = {align}: at stage 3 the shards are the sharded model's, whose \
+         shard lengths are multiples of {model_align} (burn_dist::SHARD_ALIGN); leave `align` \
+         at its default"
+    )]
+    Stage3Align { align: usize, model_align: usize },
+    /// The device path does not run stage 3 yet.
+    #[error("ZeRO stage 3 runs on the host path; `ZeroAdam::on_device` is not built for it yet")]
+    Stage3OnDevice,
     /// `ZeroAdam::on_device` with a `Ddp` that is not on the device path of that runtime.
     #[error(
         "ZeroAdam's device state needs the `Ddp` on the device path of the same runtime \

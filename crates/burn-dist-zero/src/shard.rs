@@ -9,7 +9,9 @@
 //!    (one tiny all-gather, norms summed in f64 in rank order);
 //! 3. update the shard's master weights and moments with clipped AdamW (skipped everywhere if
 //!    any rank found inf/NaN);
-//! 4. all-gather the updated master shards and write them into the model's tensors.
+//! 4. all-gather the updated master shards and write them into the model's tensors; at stage
+//!    3, where the model's parameters are sharded too, write this rank's updated shard into its
+//!    pieces instead (no collective: the next forward gathers).
 //!
 //! Each rank keeps `3 × shard_len` floats of state instead of `3 × total`.
 
@@ -20,7 +22,7 @@ use burn::module::{AutodiffModule, ModuleMapper, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Tensor, TensorData};
-use burn_dist::{Ddp, ParamInfo, SyncHandle, mark_for_sync};
+use burn_dist::{Ddp, DistError, ParamInfo, ParamShards, SyncHandle, mark_for_sync};
 use burn_dist_comm::{Communicator, HostBuffer, HostCommunicator};
 #[cfg(feature = "device")]
 use burn_dist_kernels::Hyper;
@@ -54,6 +56,8 @@ pub(crate) struct Shard {
     /// The host step's own threads (`ZeroAdamConfig::host_threads`); `None`: rayon's global
     /// pool.
     host_pool: Option<rayon::ThreadPool>,
+    /// Stage 3: the model's pieces of the sharded parameters, which the step writes.
+    shards: Option<Arc<ParamShards>>,
 }
 
 /// One rank's optimizer state: its shard of the fp32 master weights and moments, and the
@@ -90,28 +94,36 @@ impl Shard {
         if params.is_empty() {
             return Err(ZeroError::NotPrepared);
         }
-        if !(1..=2).contains(&config.stage) {
+        if !(1..=3).contains(&config.stage) {
             return Err(ZeroError::UnsupportedStage {
                 stage: config.stage,
             });
         }
+        let shards = sharded_model(&config, ddp)?;
         let numels: Vec<usize> = params.iter().map(ParamInfo::numel).collect();
         let layout = FlatLayout::new(&numels, ddp.world_size(), config.align);
-        if config.stage == 2 {
+        if config.stage >= 2 {
             ddp.shard_gradients(layout.clone())?;
         }
         let pieces = layout.pieces(ddp.rank());
-        let mut master = vec![0.0; layout.shard_len];
-        let mut read = ReadShard::<B> {
-            params: &params,
-            pieces: &pieces,
-            grads: None,
-            out: &mut master,
-            present: Vec::new(),
-            has_grad: vec![false; params.len()],
-            _b: Default::default(),
+        let master = match &shards {
+            // The model holds this rank's shard already: nothing is gathered.
+            Some(shards) => shards.shard_values(),
+            None => {
+                let mut master = vec![0.0; layout.shard_len];
+                let mut read = ReadShard::<B> {
+                    params: &params,
+                    pieces: &pieces,
+                    grads: None,
+                    out: &mut master,
+                    present: Vec::new(),
+                    has_grad: vec![false; params.len()],
+                    _b: Default::default(),
+                };
+                model.visit(&mut read);
+                master
+            }
         };
-        model.visit(&mut read);
         let host_pool = config.host_threads.map(host_pool).transpose()?;
         Ok(Shard {
             comm: ddp.comm(),
@@ -127,6 +139,7 @@ impl Shard {
             #[cfg(feature = "device")]
             device: None,
             host_pool,
+            shards,
         })
     }
 
@@ -145,6 +158,9 @@ impl Shard {
         ddp: &Ddp,
         device: &D::Device,
     ) -> Result<()> {
+        if self.shards.is_some() {
+            return Err(ZeroError::Stage3OnDevice);
+        }
         let collectives =
             ddp.device_collectives::<D::Runtime>()
                 .ok_or_else(|| ZeroError::NotOnDevicePath {
@@ -243,6 +259,10 @@ impl Shard {
         self.m = shard.m;
         self.v = shard.v;
         self.skipped = shard.skipped;
+        // Stage 3: the model's parameters are this shard of the master weights.
+        if let Some(shards) = &self.shards {
+            shards.write_shard(&self.master);
+        }
         Ok(())
     }
 
@@ -264,8 +284,11 @@ impl Shard {
         if self.device.is_some() {
             return self.step_on_device::<B, M>(lr, model, grads, sync, inv_scale);
         }
+        if let Some(shards) = &self.shards {
+            shards.check_model(&model)?;
+        }
         // 1. This rank's shard of the gradient.
-        let (mut grad, present, has_grad) = if self.config.stage == 2 {
+        let (mut grad, present, has_grad) = if self.config.stage >= 2 {
             let shard = sync.take_gradient_shard()?;
             let present = self.pieces.iter().map(|p| shard.used[p.param]).collect();
             (shard.values, present, shard.used)
@@ -313,6 +336,14 @@ impl Shard {
             });
         }
 
+        // 4. Stage 3: the model's pieces are this shard; the next forward gathers them.
+        if let Some(shards) = &self.shards {
+            if !found_inf {
+                shards.write_shard(&self.master);
+            }
+            let model = model.map(&mut FreshLeaves { shards });
+            return Ok((mark_for_sync(model), report));
+        }
         // 4. Everyone gets every updated shard.
         let full = self
             .comm
@@ -388,7 +419,7 @@ impl Shard {
         inv_scale: f32,
     ) -> Result<(M, StepReport)> {
         // 1. This rank's shard of the gradient, on the device.
-        let has_grad = if self.config.stage == 2 {
+        let has_grad = if self.config.stage >= 2 {
             let (shard, used) = sync.take_device_gradient_shard()?;
             device.gradient_shard(shard)?;
             used
@@ -442,21 +473,89 @@ impl Shard {
     /// range counts as an overflow, on the host path as on the device path (whose kernels sum
     /// the squares in f32): the gradient holds an element whose square, Adam's `v`, is inf in
     /// f32.
+    ///
+    /// At stage 3 every rank also brings the digest and the count of its uses of the sharded
+    /// parameters during the step (`ParamShards::end_step`): ranks whose sequences differ fail,
+    /// every one of them naming the first rank that differs from rank 0.
     fn agree(&self, found_inf: bool, sum_sq: f64) -> Result<(bool, f64)> {
+        let uses = self.shards.as_ref().map(|shards| shards.end_step());
         let mut mine = sum_sq.to_le_bytes().to_vec();
         mine.extend_from_slice(&[u8::from(found_inf), 0, 0, 0, 0, 0, 0, 0]);
-        let world = self.comm.world_size();
+        if let Some((digest, count)) = uses {
+            mine.extend_from_slice(&digest.to_le_bytes());
+            mine.extend_from_slice(&count.to_le_bytes());
+        }
+        let (world, per_rank) = (self.comm.world_size(), mine.len());
         let all = self
             .comm
-            .all_gather(HostBuffer::U8(mine), 16 * world)
+            .all_gather(HostBuffer::U8(mine), per_rank * world)
             .wait()?;
+        let all = all.as_bytes();
         let mut total = 0.0f64;
         let mut any_inf = false;
-        for rank in all.as_bytes().chunks_exact(16) {
+        for rank in all.chunks_exact(per_rank) {
             total += f64::from_le_bytes(rank[..8].try_into().expect("8 bytes"));
             any_inf |= rank[8] != 0;
         }
+        if uses.is_some() {
+            let count = |rank: &[u8]| u64::from_le_bytes(rank[24..32].try_into().expect("8 bytes"));
+            let rank0 = &all[..per_rank];
+            if let Some((rank, other)) = all
+                .chunks_exact(per_rank)
+                .enumerate()
+                .find(|(_, other)| other[16..32] != rank0[16..32])
+            {
+                return Err(ZeroError::Dist(DistError::UseSequence {
+                    rank,
+                    uses: count(other),
+                    rank0_uses: count(rank0),
+                }));
+            }
+        }
         Ok((any_inf || !(total as f32).is_finite(), total))
+    }
+}
+
+/// Stage 3's sharded model (`Ddp::prepare_sharded`), and a check that the stage and the model
+/// go together: stage 3 needs the sharded model, and stages 1 and 2 would replace its
+/// parameters by full tensors.
+fn sharded_model(config: &ZeroAdamConfig, ddp: &Ddp) -> Result<Option<Arc<ParamShards>>> {
+    let shards = ddp.param_shards();
+    match (config.stage, &shards) {
+        (3, None) => Err(ZeroError::StageAndModel {
+            stage: 3,
+            state: "prepared by `Ddp::prepare` (its parameters are not sharded)",
+        }),
+        (1 | 2, Some(_)) => Err(ZeroError::StageAndModel {
+            stage: config.stage,
+            state: "whose parameters are sharded (`Ddp::prepare_sharded`)",
+        }),
+        (3, Some(_)) if config.align != burn_dist::SHARD_ALIGN => Err(ZeroError::Stage3Align {
+            align: config.align,
+            model_align: burn_dist::SHARD_ALIGN,
+        }),
+        _ => Ok(shards),
+    }
+}
+
+/// Stage 3's write-back into the model: every sharded parameter becomes a fresh autodiff leaf
+/// over the same handle (whose pieces now hold the new values), as a Burn optimizer's step
+/// leaves fresh leaves behind.
+struct FreshLeaves<'a> {
+    shards: &'a ParamShards,
+}
+
+impl<B: AutodiffBackend> ModuleMapper<B> for FreshLeaves<'_> {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        if !self.shards.params().iter().any(|p| p.id == param.id) {
+            return param;
+        }
+        let (id, tensor, mapper) = param.consume();
+        Param::from_mapped_value(
+            id,
+            Tensor::from_inner(tensor.inner()).require_grad(),
+            mapper,
+        )
     }
 }
 

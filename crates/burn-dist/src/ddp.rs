@@ -54,6 +54,7 @@ use crate::model::{
 use crate::random::RandomStream;
 use crate::reducer::{Reducer, ReducerEvent, ReducerStats};
 use crate::sharded::GradientShard;
+use crate::sharding::{ParamShards, ShardStats};
 use crate::threads::PoolSize;
 
 /// Settings of data-parallel training.
@@ -80,6 +81,8 @@ pub struct Ddp {
     pool: Option<PoolSize>,
     /// Keeps the store alive on rank 0 for as long as training runs.
     _group: Option<Group>,
+    /// ZeRO stage 3: this rank's pieces of the sharded parameters (`Ddp::prepare_sharded`).
+    pub(crate) shards: Option<Arc<ParamShards>>,
     /// Device path: the reducer's device collectives (an `Arc<dyn DeviceCollectives<R>>`), for
     /// the optimizer's own collectives on the same device memory.
     #[cfg(feature = "device")]
@@ -247,6 +250,7 @@ impl Ddp {
             accumulation,
             pool: None,
             _group: group,
+            shards: None,
             #[cfg(feature = "device")]
             device: None,
         }
@@ -321,6 +325,13 @@ impl Ddp {
             info.id = id;
         }
         let model = model.map(&mut StableIds { ids: &ids, next: 0 });
+        self.register_params(floats);
+        Ok(self.mark(model))
+    }
+
+    /// Registers the trainable ones of the model's float parameters (visit order) with the
+    /// reducer.
+    pub(crate) fn register_params(&mut self, floats: Vec<ParamInfo>) {
         self.params = floats.into_iter().filter(|p| p.require_grad).collect();
         let ids: Vec<_> = self
             .params
@@ -328,12 +339,21 @@ impl Ddp {
             .map(|p| (distributed_id(p.id), p.numel()))
             .collect();
         let dtypes = self.params.iter().map(|p| p.dtype).collect();
-        {
-            let mut reducer = lock(&self.reducer);
-            reducer.register(&ids);
-            reducer.set_dtypes(dtypes);
-        }
-        Ok(self.mark(model))
+        let mut reducer = lock(&self.reducer);
+        reducer.register(&ids);
+        reducer.set_dtypes(dtypes);
+    }
+
+    /// ZeRO stage 3: this rank's pieces of the sharded parameters, once
+    /// [`Ddp::prepare_sharded`] has run (for the stage-3 optimizer and checkpoints).
+    pub fn param_shards(&self) -> Option<Arc<ParamShards>> {
+        self.shards.clone()
+    }
+
+    /// ZeRO stage 3: what the sharded parameters hold and cost on this rank (`None` before
+    /// [`Ddp::prepare_sharded`]).
+    pub fn shard_stats(&self) -> Option<ShardStats> {
+        self.shards.as_ref().map(|shards| shards.stats())
     }
 
     /// Marks every trainable parameter for gradient sync. `prepare` does it, and Burn's
@@ -344,7 +364,7 @@ impl Ddp {
     }
 
     /// Every rank gathers every rank's fingerprint, so every rank reports the same mismatch.
-    fn check_same_model(&self, fingerprint: &[String]) -> Result<()> {
+    pub(crate) fn check_same_model(&self, fingerprint: &[String]) -> Result<()> {
         let all = self.all_gather_bytes(fingerprint.join("\n").into_bytes())?;
         let lines = |text: &[u8]| -> Vec<String> {
             String::from_utf8_lossy(text)
@@ -382,6 +402,9 @@ impl Ddp {
                 call: "Ddp::backward",
             });
         }
+        if let Some(shards) = &self.shards {
+            shards.check_model(model)?;
+        }
         let (communicates, sharded, backwards_before) = {
             let mut reducer = lock(&self.reducer);
             reducer.caller_collects_errors = true;
@@ -396,6 +419,9 @@ impl Ddp {
         let mut reducer = lock(&self.reducer);
         reducer.caller_collects_errors = false;
         if let Some(error) = reducer.hook_error.take() {
+            return Err(error);
+        }
+        if let Some(error) = self.shards.as_ref().and_then(|shards| shards.failure()) {
             return Err(error);
         }
         // Burn calls no hook when the loss reaches no marked parameter. The other ranks still

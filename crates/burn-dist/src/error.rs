@@ -147,6 +147,44 @@ pub enum DistError {
     )]
     NotLaunched { call: &'static str },
 
+    /// ZeRO stage 3: gathering a sharded parameter for an op failed. Most often the ranks'
+    /// programs diverged: a rank used another parameter at this point (it branched differently)
+    /// or used one alone (printed or evaluated a weight on one rank), so the ranks' gathers no
+    /// longer pair up; or a peer failed.
+    #[error(
+        "rank {rank} gathering sharded parameter #{param} `{name}`: {source}. Under ZeRO stage 3          every rank must use the sharded parameters in the same order: run the same forward and          backward on every rank (evaluate on every rank, each on its share of the data; read          values with `Ddp::gather_params` on every rank)"
+    )]
+    Gather {
+        rank: usize,
+        param: usize,
+        name: String,
+        #[source]
+        source: Box<CommError>,
+    },
+
+    /// ZeRO stage 3: a trainable parameter of the model no longer holds its shard (a write
+    /// replaced it: slice-assign, a mapper storing a new tensor, a stock Burn optimizer's step),
+    /// so this rank would hold a full copy that the sharded optimizer never updates.
+    #[error(
+        "rank {rank}: sharded parameter #{param} `{name}` was replaced by a full local tensor          (a write into a sharded parameter: slice_assign, a ModuleMapper storing a new tensor,          or a stock Burn optimizer's step). Under ZeRO stage 3 only ZeroAdam (stage 3) updates          the parameters; to load new values into a sharded model, call `Ddp::prepare_sharded`          on it again"
+    )]
+    ShardReplaced {
+        rank: usize,
+        param: usize,
+        name: String,
+    },
+
+    /// ZeRO stage 3: the ranks used the sharded parameters in different sequences during one
+    /// optimizer step (each use is hashed; the hashes are compared with the step's agreement).
+    #[error(
+        "rank {rank} used the sharded parameters in another sequence than rank 0 during this          step ({uses} uses, rank 0: {rank0_uses}): every rank must run the same forward and          backward under ZeRO stage 3"
+    )]
+    UseSequence {
+        rank: usize,
+        uses: u64,
+        rank0_uses: u64,
+    },
+
     /// An internal invariant did not hold (a bug, or a misuse with no better name).
     #[error("{0}")]
     Usage(String),

@@ -27,6 +27,7 @@
 //! NdArray and CUDA alone do not. So in such a build write `Autodiff<DistributedBackend<Flex>>`,
 //! never `Autodiff<Flex>`. Its tensor operations compute exactly like `Flex`'s.
 
+mod autodiff;
 mod backend;
 pub mod bucket;
 mod clip;
@@ -47,12 +48,14 @@ mod reducer;
 pub mod sampler;
 mod scaler;
 mod sharded;
+pub mod sharding;
 mod sync;
 mod threads;
 #[cfg(feature = "train")]
 pub mod train;
 
-pub use backend::DistributedBackend;
+pub use autodiff::DistributedAutodiff;
+pub use backend::{DistributedBackend, Mode, Replicated, View};
 pub use bucket::{BucketConfig, Layout};
 pub use burn_dist_comm::ReduceOp;
 pub use clip::clip_grad_norm;
@@ -67,6 +70,10 @@ pub use reducer::{Reducer, ReducerEvent, ReducerStats};
 pub use sampler::{DistributedSampler, ShardedDataset};
 pub use scaler::{GradScaler, GradScalerConfig, agree_found_inf};
 pub use sharded::GradientShard;
+pub use sharding::{
+    Holding, ParamHandle, ParamShards, SHARD_ALIGN, ShardStats, Sharded, ShardedFloat,
+    ShardedParamInfo,
+};
 pub use threads::PoolSize;
 
 #[doc(hidden)]

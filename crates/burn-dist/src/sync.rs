@@ -22,6 +22,7 @@ use burn::tensor::{Shape, TensorData};
 use burn_backend::TensorMetadata;
 
 use crate::DistributedBackend;
+use crate::backend::Mode;
 use crate::context::{self, lock};
 use crate::error::DistError;
 use crate::reducer::Reducer;
@@ -47,21 +48,25 @@ pub(crate) fn on_backward_start<B: Backend>(_device: &B::Device, params: Vec<Dis
 }
 
 /// Called by `submit_gradient_sync` when a marked parameter's gradient is final.
-pub(crate) fn on_gradient_ready<B: Backend>(
-    tensor: TensorRef<DistributedBackend<B>>,
+pub(crate) fn on_gradient_ready<B: Backend, P: Mode<B>>(
+    tensor: TensorRef<DistributedBackend<B, P>>,
     params: DistributedParams,
 ) {
     let Some(shared) = context::current() else {
         return;
     };
+    // SAFETY: Burn hands us a pointer into its live gradient container and does not touch that
+    // entry again during this backward (the gradient is final). The inner backend's tensor sits
+    // inside that entry (the entry itself in the replicated mode), so the pointer to it is as
+    // valid as Burn's.
+    let target: *mut B::FloatTensorPrimitive = P::local_mut(unsafe { &mut *tensor.0 });
     #[cfg(feature = "device")]
     if lock(&shared).reduces_on_device() {
-        return on_device_gradient::<B>(&shared, tensor.0, params);
+        return on_device_gradient::<B>(&shared, target, params);
     }
     // Read before locking: on an accelerator this waits for the kernels that produced it.
-    // SAFETY: Burn hands us a pointer into its live gradient container and does not touch that
-    // entry again during this backward (the gradient is final).
-    let grad = unsafe { (*tensor.0).clone() };
+    // SAFETY: as above.
+    let grad = unsafe { (*target).clone() };
     let bytes = grad.shape().num_elements() * grad.dtype().size();
     let values =
         read_sync(B::float_into_data(grad)).map(|data| data.convert::<f32>().into_vec::<f32>());
@@ -72,10 +77,10 @@ pub(crate) fn on_gradient_ready<B: Backend>(
     reducer.record_host_traffic(bytes, 0);
     let result = match values {
         Ok(Ok(values)) => reducer
-            .gradient(params.param_id, &values, tensor.0 as usize)
+            .gradient(params.param_id, &values, target as usize)
             .map(|()| {
                 if reducer.is_sharded() {
-                    release::<B>(tensor.0);
+                    release::<B>(target);
                 }
             }),
         Ok(Err(e)) => Err(DistError::TensorRead {
@@ -140,6 +145,9 @@ fn release<B: Backend>(target: *mut B::FloatTensorPrimitive) {
 }
 
 /// Called by `submit_sync_collective` at the end of a backward pass that had marked parameters.
+///
+/// The targets the reducer kept are the inner backend's tensors inside Burn's entries
+/// (`on_gradient_ready`), so the decorator's mode plays no part here.
 pub(crate) fn on_backward_end<B: Backend>(device: &B::Device) {
     let Some(shared) = context::current() else {
         return;

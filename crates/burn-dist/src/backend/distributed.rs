@@ -20,10 +20,11 @@ use burn_backend::distributed::{
 use burn_backend::tensor::FloatTensor;
 use burn_backend::{Backend, DeviceId};
 
+use super::mode::Mode;
 use crate::DistributedBackend;
 use crate::sync;
 
-impl<B: Backend> BurnDistributedBackend for DistributedBackend<B> {
+impl<B: Backend, P: Mode<B>> BurnDistributedBackend for DistributedBackend<B, P> {
     /// Does nothing: burn-dist's process group is set up by burn-dist itself, not by Burn.
     ///
     /// Burn's default starts its own in-process sync server, which only Burn's default hooks
@@ -38,7 +39,7 @@ impl<B: Backend> BurnDistributedBackend for DistributedBackend<B> {
     }
 
     fn submit_gradient_sync(tensor: TensorRef<Self>, distributed_params: DistributedParams) {
-        sync::on_gradient_ready::<B>(tensor, distributed_params);
+        sync::on_gradient_ready::<B, P>(tensor, distributed_params);
     }
 
     fn submit_sync_collective(device: &Self::Device) {
@@ -55,9 +56,9 @@ impl<B: Backend> BurnDistributedBackend for DistributedBackend<B> {
         op: ReduceOperation,
         _device_ids: Vec<DeviceId>,
     ) -> CollectiveTensor<Self> {
-        let reduced = sync::all_reduce_tensor::<B>(tensor, op)
+        let reduced = sync::all_reduce_tensor::<B>(P::enter(tensor), op)
             .unwrap_or_else(|error| panic!("burn-dist: all_reduce failed: {error}"));
-        CollectiveTensor::new(reduced)
+        CollectiveTensor::new(P::leave(reduced))
     }
 
     /// Does nothing: there is never a pending collective to wait for.

@@ -8,8 +8,10 @@
 
 mod distributed;
 pub(crate) mod forward;
+pub(crate) mod mode;
 mod ops;
 pub(crate) mod relabel;
+pub(crate) mod view;
 
 use core::fmt;
 use core::marker::PhantomData;
@@ -17,43 +19,55 @@ use core::marker::PhantomData;
 use burn_backend::{BackendTypes, DType, DTypeUsageSet, ExecutionError, TensorData};
 
 use forward::forward;
+pub use mode::{Mode, Replicated};
+pub use view::View;
 
 #[doc(hidden)]
 pub use ops::FORWARDED;
 
 /// A backend that computes exactly like `B` and feeds gradients to the burn-dist reducer.
 ///
-/// Use it under Burn's autodiff decorator: `Autodiff<DistributedBackend<B>>`. It has `B`'s device,
-/// tensor primitives and element types, and every tensor operation calls `B`'s implementation,
-/// including the ones `B` overrides for speed. Only Burn's distributed hooks differ: during
-/// `backward()` they hand parameter gradients to the reducer (see the crate docs).
-pub struct DistributedBackend<B>(PhantomData<B>);
+/// Use it under Burn's autodiff decorator: `Autodiff<DistributedBackend<B>>`. In its default
+/// mode, [`Replicated`], it has `B`'s device, tensor primitives and element types, and every
+/// tensor operation calls `B`'s implementation, including the ones `B` overrides for speed. Only
+/// Burn's distributed hooks differ: during `backward()` they hand parameter gradients to the
+/// reducer (see the crate docs).
+///
+/// `DistributedBackend<B, Sharded>` ([`Sharded`](crate::Sharded), ZeRO stage 3) keeps only this
+/// rank's piece of every parameter: a float primitive is a local tensor of `B` or a handle to a
+/// sharded parameter, gathered by the op that uses it and released when that op returns.
+pub struct DistributedBackend<B, P = Replicated>(PhantomData<(B, P)>);
 
 // Written by hand, not derived: a derive would require `B: Clone` etc. even where `B` needs none.
-impl<B> Clone for DistributedBackend<B> {
+impl<B, P> Clone for DistributedBackend<B, P> {
     fn clone(&self) -> Self {
         *self
     }
 }
 
-impl<B> Copy for DistributedBackend<B> {}
+impl<B, P> Copy for DistributedBackend<B, P> {}
 
-impl<B> Default for DistributedBackend<B> {
+impl<B, P> Default for DistributedBackend<B, P> {
     fn default() -> Self {
         Self(PhantomData)
     }
 }
 
-impl<B> fmt::Debug for DistributedBackend<B> {
+impl<B, P> fmt::Debug for DistributedBackend<B, P> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "DistributedBackend<{}>", core::any::type_name::<B>())
+        write!(
+            f,
+            "DistributedBackend<{}, {}>",
+            core::any::type_name::<B>(),
+            core::any::type_name::<P>()
+        )
     }
 }
 
-impl<B: burn_backend::Backend> BackendTypes for DistributedBackend<B> {
+impl<B: burn_backend::Backend, P: Mode<B>> BackendTypes for DistributedBackend<B, P> {
     type Device = B::Device;
 
-    type FloatTensorPrimitive = B::FloatTensorPrimitive;
+    type FloatTensorPrimitive = P::Float;
     type FloatElem = B::FloatElem;
 
     type IntTensorPrimitive = B::IntTensorPrimitive;

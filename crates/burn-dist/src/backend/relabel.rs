@@ -1,10 +1,10 @@
 //! Moves values between the structs that Burn makes generic over the backend itself.
 //!
-//! [`DistributedBackend<B>`](crate::DistributedBackend) declares exactly `B`'s associated types,
-//! so `FloatTensor<Self>` *is* `FloatTensor<B>`. But `TensorPrimitive<Self>` and
-//! `TensorPrimitive<B>` are two nominal types with the same fields; [`Relabel`] moves the fields
-//! across. It has an identity impl for every type so `forward!`'s `#[relabel]` arm can apply it to
-//! every argument and result without knowing which ones need it.
+//! `DistributedBackend<B, P>` declares `B`'s types for everything but floats, whose type is the
+//! mode's. A struct generic over the backend (`TensorPrimitive<Self>`,
+//! `MaxPool2dWithIndices<Self>`, ...) is a different nominal type for `Self` and for `B`;
+//! [`Relabel`] moves its fields across, passing the float ones through the mode like any float
+//! argument or result (`forward!`'s `wrap` tag).
 
 use burn_backend::Backend;
 use burn_backend::TensorPrimitive;
@@ -14,100 +14,157 @@ use burn_backend::ops::{
 };
 use burn_backend::tensor::quantization::QuantizationParametersPrimitive;
 
+use super::mode::Mode;
 use crate::DistributedBackend;
 
-/// Converts a value generic over one backend into the same value generic over the other, for two
-/// backends with identical associated types.
-pub(crate) trait Relabel<Target> {
-    /// Moves the fields into `Target`.
-    fn relabel(self) -> Target;
+/// A value of the decorator's form of a struct, and `B`'s form of it.
+pub(crate) trait Relabel<B: Backend, P: Mode<B>>: Sized {
+    /// The same struct generic over `B`.
+    type Inner;
+    /// Into `B`'s form, for one of `B`'s ops.
+    fn enter(self) -> Self::Inner;
+    /// Out of `B`'s form, from one of `B`'s ops.
+    fn leave(inner: Self::Inner) -> Self;
 }
 
-impl<T> Relabel<T> for T {
-    #[inline(always)]
-    fn relabel(self) -> T {
-        self
-    }
-}
+impl<B: Backend, P: Mode<B>> Relabel<B, P> for TensorPrimitive<DistributedBackend<B, P>> {
+    type Inner = TensorPrimitive<B>;
 
-impl<B: Backend> Relabel<TensorPrimitive<B>> for TensorPrimitive<DistributedBackend<B>> {
     #[inline(always)]
-    fn relabel(self) -> TensorPrimitive<B> {
+    fn enter(self) -> TensorPrimitive<B> {
         match self {
-            TensorPrimitive::Float(tensor) => TensorPrimitive::Float(tensor),
+            TensorPrimitive::Float(tensor) => TensorPrimitive::Float(P::enter(tensor)),
+            TensorPrimitive::QFloat(tensor) => TensorPrimitive::QFloat(tensor),
+        }
+    }
+
+    #[inline(always)]
+    fn leave(inner: TensorPrimitive<B>) -> Self {
+        match inner {
+            TensorPrimitive::Float(tensor) => TensorPrimitive::Float(P::leave(tensor)),
             TensorPrimitive::QFloat(tensor) => TensorPrimitive::QFloat(tensor),
         }
     }
 }
 
-impl<B: Backend> Relabel<TensorPrimitive<DistributedBackend<B>>> for TensorPrimitive<B> {
-    #[inline(always)]
-    fn relabel(self) -> TensorPrimitive<DistributedBackend<B>> {
-        match self {
-            TensorPrimitive::Float(tensor) => TensorPrimitive::Float(tensor),
-            TensorPrimitive::QFloat(tensor) => TensorPrimitive::QFloat(tensor),
-        }
-    }
-}
-
-impl<B: Backend> Relabel<QuantizationParametersPrimitive<B>>
-    for QuantizationParametersPrimitive<DistributedBackend<B>>
+impl<B: Backend, P: Mode<B>> Relabel<B, P>
+    for QuantizationParametersPrimitive<DistributedBackend<B, P>>
 {
+    type Inner = QuantizationParametersPrimitive<B>;
+
     #[inline(always)]
-    fn relabel(self) -> QuantizationParametersPrimitive<B> {
+    fn enter(self) -> Self::Inner {
         QuantizationParametersPrimitive {
-            scales: self.scales,
+            scales: P::enter(self.scales),
+        }
+    }
+
+    #[inline(always)]
+    fn leave(inner: Self::Inner) -> Self {
+        QuantizationParametersPrimitive {
+            scales: P::leave(inner.scales),
         }
     }
 }
 
-impl<B: Backend> Relabel<MaxPool1dWithIndices<DistributedBackend<B>>> for MaxPool1dWithIndices<B> {
+impl<B: Backend, P: Mode<B>> Relabel<B, P> for MaxPool1dWithIndices<DistributedBackend<B, P>> {
+    type Inner = MaxPool1dWithIndices<B>;
+
     #[inline(always)]
-    fn relabel(self) -> MaxPool1dWithIndices<DistributedBackend<B>> {
+    fn enter(self) -> Self::Inner {
         MaxPool1dWithIndices {
-            output: self.output,
+            output: P::enter(self.output),
             indices: self.indices,
+        }
+    }
+
+    #[inline(always)]
+    fn leave(inner: Self::Inner) -> Self {
+        MaxPool1dWithIndices {
+            output: P::leave(inner.output),
+            indices: inner.indices,
         }
     }
 }
 
-impl<B: Backend> Relabel<MaxPool2dWithIndices<DistributedBackend<B>>> for MaxPool2dWithIndices<B> {
+impl<B: Backend, P: Mode<B>> Relabel<B, P> for MaxPool2dWithIndices<DistributedBackend<B, P>> {
+    type Inner = MaxPool2dWithIndices<B>;
+
     #[inline(always)]
-    fn relabel(self) -> MaxPool2dWithIndices<DistributedBackend<B>> {
+    fn enter(self) -> Self::Inner {
         MaxPool2dWithIndices {
-            output: self.output,
+            output: P::enter(self.output),
             indices: self.indices,
         }
     }
+
+    #[inline(always)]
+    fn leave(inner: Self::Inner) -> Self {
+        MaxPool2dWithIndices {
+            output: P::leave(inner.output),
+            indices: inner.indices,
+        }
+    }
 }
 
-impl<B: Backend> Relabel<MaxPool1dBackward<DistributedBackend<B>>> for MaxPool1dBackward<B> {
+impl<B: Backend, P: Mode<B>> Relabel<B, P> for MaxPool1dBackward<DistributedBackend<B, P>> {
+    type Inner = MaxPool1dBackward<B>;
+
     #[inline(always)]
-    fn relabel(self) -> MaxPool1dBackward<DistributedBackend<B>> {
+    fn enter(self) -> Self::Inner {
         MaxPool1dBackward {
-            x_grad: self.x_grad,
+            x_grad: P::enter(self.x_grad),
+        }
+    }
+
+    #[inline(always)]
+    fn leave(inner: Self::Inner) -> Self {
+        MaxPool1dBackward {
+            x_grad: P::leave(inner.x_grad),
         }
     }
 }
 
-impl<B: Backend> Relabel<MaxPool2dBackward<DistributedBackend<B>>> for MaxPool2dBackward<B> {
+impl<B: Backend, P: Mode<B>> Relabel<B, P> for MaxPool2dBackward<DistributedBackend<B, P>> {
+    type Inner = MaxPool2dBackward<B>;
+
     #[inline(always)]
-    fn relabel(self) -> MaxPool2dBackward<DistributedBackend<B>> {
+    fn enter(self) -> Self::Inner {
         MaxPool2dBackward {
-            x_grad: self.x_grad,
+            x_grad: P::enter(self.x_grad),
+        }
+    }
+
+    #[inline(always)]
+    fn leave(inner: Self::Inner) -> Self {
+        MaxPool2dBackward {
+            x_grad: P::leave(inner.x_grad),
         }
     }
 }
 
-impl<B: Backend> Relabel<DeformConv2dBackward<DistributedBackend<B>>> for DeformConv2dBackward<B> {
+impl<B: Backend, P: Mode<B>> Relabel<B, P> for DeformConv2dBackward<DistributedBackend<B, P>> {
+    type Inner = DeformConv2dBackward<B>;
+
     #[inline(always)]
-    fn relabel(self) -> DeformConv2dBackward<DistributedBackend<B>> {
+    fn enter(self) -> Self::Inner {
         DeformConv2dBackward {
-            x_grad: self.x_grad,
-            offset_grad: self.offset_grad,
-            weight_grad: self.weight_grad,
-            mask_grad: self.mask_grad,
-            bias_grad: self.bias_grad,
+            x_grad: P::enter(self.x_grad),
+            offset_grad: P::enter(self.offset_grad),
+            weight_grad: P::enter(self.weight_grad),
+            mask_grad: self.mask_grad.map(P::enter),
+            bias_grad: self.bias_grad.map(P::enter),
+        }
+    }
+
+    #[inline(always)]
+    fn leave(inner: Self::Inner) -> Self {
+        DeformConv2dBackward {
+            x_grad: P::leave(inner.x_grad),
+            offset_grad: P::leave(inner.offset_grad),
+            weight_grad: P::leave(inner.weight_grad),
+            mask_grad: inner.mask_grad.map(P::leave),
+            bias_grad: inner.bias_grad.map(P::leave),
         }
     }
 }

@@ -78,35 +78,75 @@ impl Method {
     pub fn needs_relabel(&self) -> bool {
         self.params
             .iter()
-            .chain(self.ret.iter())
-            .any(|ty| generic_structs(ty).next().is_some())
+            .map(|p| param_type(p))
+            .chain(self.ret.as_deref())
+            .any(|ty| kind(ty) == Some("wrap"))
     }
 
-    /// Cannot go through `forward!`: generic parameters, or relabelled and returning
-    /// `impl Trait` (the opaque result cannot be relabelled).
+    /// Cannot go through `forward!`: generic parameters, a float tensor by reference (a
+    /// stage-3 handle must answer without gathering), or a float carried inside `impl Trait`
+    /// (the opaque result cannot be converted).
     pub fn by_hand(&self) -> bool {
-        self.generic
-            || (self.needs_relabel() && self.ret.as_deref().is_some_and(|r| r.starts_with("impl ")))
+        let float_ref = self
+            .params
+            .iter()
+            .any(|p| param_type(p).starts_with('&') && param_type(p).contains("FloatTensor<Self>"));
+        let opaque = self.ret.as_deref().is_some_and(|r| {
+            r.starts_with("impl ")
+                && (r.contains("FloatTensor<Self>") || generic_structs(r).next().is_some())
+        });
+        self.generic || float_ref || opaque
     }
 
-    /// The line in a `forward!` list.
+    /// The line in a `forward!` list: each argument and the result tagged with how a float
+    /// tensor in it passes between the decorator's mode and `B` (see `forward.rs`).
     pub fn list_line(&self) -> String {
-        let relabel = if self.needs_relabel() {
-            "#[relabel] "
-        } else {
-            ""
+        let tagged = |ty: &str| match kind(ty) {
+            Some(kind) => format!("{ty} => {kind}"),
+            None => ty.to_string(),
         };
+        let params: Vec<String> = self
+            .params
+            .iter()
+            .map(|p| {
+                let (name, ty) = p.split_once(": ").expect("`name: Type`");
+                format!("{name}: {}", tagged(ty))
+            })
+            .collect();
         let ret = self
             .ret
             .as_ref()
-            .map(|r| format!(" -> {r}"))
+            .map(|r| format!(" -> {}", tagged(r)))
             .unwrap_or_default();
-        format!(
-            "{relabel}fn {}({}){ret};",
-            self.name,
-            self.params.join(", ")
-        )
+        format!("fn {}({}){ret};", self.name, params.join(", "))
     }
+}
+
+/// The type of a `name: Type` parameter.
+fn param_type(param: &str) -> &str {
+    param.split_once(": ").map_or(param, |(_, ty)| ty)
+}
+
+/// How a value of type `ty` passes between the decorator and `B` (`forward!`'s tags): `None`
+/// when it holds no float tensor of the decorator and no struct generic over the backend, which
+/// makes it `B`'s type as it is.
+fn kind(ty: &str) -> Option<&'static str> {
+    const FLOAT: &str = "FloatTensor<Self>";
+    if generic_structs(ty).next().is_some() {
+        return Some("wrap");
+    }
+    if !ty.contains(FLOAT) {
+        return None;
+    }
+    Some(match ty {
+        "FloatTensor<Self>" => "float",
+        "Option<FloatTensor<Self>>" => "float_opt",
+        "Vec<FloatTensor<Self>>" => "floats",
+        "(FloatTensor<Self>, FloatTensor<Self>)" => "(float, float)",
+        t if t.starts_with("(FloatTensor<Self>, ") && t.matches(FLOAT).count() == 1 => "(float, _)",
+        t if t.starts_with('&') || t.starts_with("impl ") => return None, // written by hand
+        other => panic!("no forward! tag for `{other}`: add one to forward.rs and here"),
+    })
 }
 
 /// `Name` for every `Name<Self>` in `ty` that is not a plain alias.

@@ -12,19 +12,19 @@ forward! {
     const FORWARDED;
     by_hand [] {}
     // @generated begin
-    fn leaky_relu(tensor: FloatTensor<Self>, negative_slope: Scalar) -> FloatTensor<Self>;
-    fn relu(tensor: FloatTensor<Self>) -> FloatTensor<Self>;
-    fn relu_backward(output: FloatTensor<Self>, grad: FloatTensor<Self>) -> FloatTensor<Self>;
-    fn gelu(tensor: FloatTensor<Self>) -> FloatTensor<Self>;
-    fn prelu(tensor: FloatTensor<Self>, alpha: FloatTensor<Self>) -> FloatTensor<Self>;
-    fn gelu_backward(x: FloatTensor<Self>, grad: FloatTensor<Self>) -> FloatTensor<Self>;
-    fn sigmoid(tensor: FloatTensor<Self>) -> FloatTensor<Self>;
-    fn sigmoid_backward(output: FloatTensor<Self>, grad: FloatTensor<Self>) -> FloatTensor<Self>;
-    fn hard_sigmoid(tensor: FloatTensor<Self>, alpha: Scalar, beta: Scalar) -> FloatTensor<Self>;
-    fn log_sigmoid(tensor: FloatTensor<Self>) -> FloatTensor<Self>;
-    fn softmax(tensor: FloatTensor<Self>, dim: usize) -> FloatTensor<Self>;
-    fn log_softmax(tensor: FloatTensor<Self>, dim: usize) -> FloatTensor<Self>;
-    fn softmin(tensor: FloatTensor<Self>, dim: usize) -> FloatTensor<Self>;
-    fn log_sigmoid_backward(x: FloatTensor<Self>, grad: FloatTensor<Self>) -> FloatTensor<Self>;
+    fn leaky_relu(tensor: FloatTensor<Self> => float, negative_slope: Scalar) -> FloatTensor<Self> => float;
+    fn relu(tensor: FloatTensor<Self> => float) -> FloatTensor<Self> => float;
+    fn relu_backward(output: FloatTensor<Self> => float, grad: FloatTensor<Self> => float) -> FloatTensor<Self> => float;
+    fn gelu(tensor: FloatTensor<Self> => float) -> FloatTensor<Self> => float;
+    fn prelu(tensor: FloatTensor<Self> => float, alpha: FloatTensor<Self> => float) -> FloatTensor<Self> => float;
+    fn gelu_backward(x: FloatTensor<Self> => float, grad: FloatTensor<Self> => float) -> FloatTensor<Self> => float;
+    fn sigmoid(tensor: FloatTensor<Self> => float) -> FloatTensor<Self> => float;
+    fn sigmoid_backward(output: FloatTensor<Self> => float, grad: FloatTensor<Self> => float) -> FloatTensor<Self> => float;
+    fn hard_sigmoid(tensor: FloatTensor<Self> => float, alpha: Scalar, beta: Scalar) -> FloatTensor<Self> => float;
+    fn log_sigmoid(tensor: FloatTensor<Self> => float) -> FloatTensor<Self> => float;
+    fn softmax(tensor: FloatTensor<Self> => float, dim: usize) -> FloatTensor<Self> => float;
+    fn log_softmax(tensor: FloatTensor<Self> => float, dim: usize) -> FloatTensor<Self> => float;
+    fn softmin(tensor: FloatTensor<Self> => float, dim: usize) -> FloatTensor<Self> => float;
+    fn log_sigmoid_backward(x: FloatTensor<Self> => float, grad: FloatTensor<Self> => float) -> FloatTensor<Self> => float;
     // @generated end
 }

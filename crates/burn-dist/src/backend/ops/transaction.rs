@@ -23,6 +23,8 @@ forward! {
                 read_bools,
                 ..
             } = transaction;
+            // Reading values is not an op: stage-3 handles are counted as reads.
+            let read_floats = read_floats.into_iter().map(P::read).collect();
             B::tr_execute(TransactionPrimitive::<B>::new(
                 read_floats,
                 read_qfloats,

@@ -1,0 +1,115 @@
+//! A handle to a sharded parameter: what a model's parameter tensor holds under ZeRO stage 3.
+
+use core::fmt;
+use std::sync::Arc;
+
+use burn_backend::{Backend, DType, Shape};
+
+use super::ParamShards;
+use super::frame::Use;
+use crate::backend::View;
+
+/// Parameter `index` of a rank's [`ParamShards`], seen through `views`, on `device`.
+///
+/// Cloning is cheap (an `Arc`, the device and the views): autodiff clones it into the state of
+/// every op that uses the parameter, so backward gathers it again instead of keeping a copy.
+/// The values are the pieces' at the time of the gather: after an optimizer step the same
+/// handle gathers the new values.
+pub struct ParamHandle<B: Backend> {
+    shards: Arc<ParamShards>,
+    index: usize,
+    device: B::Device,
+    views: Vec<View>,
+    /// Shape and dtype after the views.
+    shape: Shape,
+    dtype: DType,
+}
+
+impl<B: Backend> Clone for ParamHandle<B> {
+    fn clone(&self) -> Self {
+        ParamHandle {
+            shards: self.shards.clone(),
+            index: self.index,
+            device: self.device.clone(),
+            views: self.views.clone(),
+            shape: self.shape.clone(),
+            dtype: self.dtype,
+        }
+    }
+}
+
+impl<B: Backend> fmt::Debug for ParamHandle<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ParamHandle")
+            .field("param", &self.index)
+            .field("name", &self.shards.info(self.index).name)
+            .field("shape", &self.shape)
+            .field("dtype", &self.dtype)
+            .field("views", &self.views)
+            .finish()
+    }
+}
+
+impl<B: Backend> ParamHandle<B> {
+    /// The whole parameter `index` of `shards`, on `device`.
+    pub(crate) fn new(shards: Arc<ParamShards>, index: usize, device: B::Device) -> Self {
+        let info = shards.info(index);
+        let (shape, dtype) = (Shape::from(info.shape.clone()), info.dtype);
+        ParamHandle {
+            shards,
+            index,
+            device,
+            views: Vec::new(),
+            shape,
+            dtype,
+        }
+    }
+
+    /// Which parameter (visit order among the trainable ones).
+    pub fn index(&self) -> usize {
+        self.index
+    }
+
+    /// Whether it is the parameter itself, not a view of it.
+    pub fn is_whole(&self) -> bool {
+        self.views.is_empty()
+    }
+
+    pub(crate) fn shape(&self) -> Shape {
+        self.shape.clone()
+    }
+
+    pub(crate) fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    pub(crate) fn device(&self) -> &B::Device {
+        &self.device
+    }
+
+    /// The same parameter seen through one more view.
+    pub(crate) fn with_view(mut self, view: View) -> Self {
+        self.shape = view.shape(&self.shape);
+        if let View::Cast(dtype) = view {
+            self.dtype = dtype.into();
+        }
+        self.views.push(view);
+        self
+    }
+
+    /// The same handle on another device: the pieces live on the host, so nothing moves
+    /// until a gather uploads the parameter there.
+    pub(crate) fn on_device(mut self, device: &B::Device) -> Self {
+        self.device = device.clone();
+        self
+    }
+
+    /// Gathers the parameter from every rank's piece and replays the views: `B`'s tensor, for
+    /// an op (live until it returns) or a read.
+    pub(crate) fn materialize(self, wanted: Use) -> B::FloatTensorPrimitive {
+        let full = self.shards.gather::<B>(self.index, &self.device, wanted);
+        self.views
+            .into_iter()
+            .fold(full, |tensor, view| view.apply::<B>(tensor))
+    }
+}
