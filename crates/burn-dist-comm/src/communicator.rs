@@ -319,7 +319,8 @@ impl Worker {
             kind,
             seq: self.seq,
             tag: 0,
-            tag_labels: None,
+            // An untagged collective can still meet a tagged one from a diverged peer.
+            tag_labels: self.labels.clone(),
             dtype: buf.map(HostBuffer::dtype),
             reduce,
             bytes: buf.map_or(0, |b| b.as_bytes().len()),
@@ -378,7 +379,6 @@ impl Worker {
             Job::AllGatherCounts(shard, counts, tag, done) => {
                 let op = OpDesc {
                     tag,
-                    tag_labels: self.labels.clone(),
                     ..self.desc(OpKind::AllGather, Some(&shard), None)
                 };
                 let result = check_counts(&op, &counts, counts.iter().sum(), world)

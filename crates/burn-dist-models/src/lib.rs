@@ -4,10 +4,13 @@
 //! plain-backend build (benches/plain) runs exactly the same models.
 
 use burn::module::{Module, ModuleMapper, Param};
+use burn::nn::conv::{Conv2d, Conv2dConfig};
 use burn::nn::transformer::{
     TransformerEncoder, TransformerEncoderConfig, TransformerEncoderInput,
 };
-use burn::nn::{Linear, LinearConfig, Relu};
+use burn::nn::{
+    BatchNorm, BatchNormConfig, Linear, LinearConfig, PaddingConfig2d, Relu, RmsNorm, RmsNormConfig,
+};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
 use burn_dist_comm::DType as CommDType;
@@ -121,6 +124,68 @@ impl<B: Backend> TransformerBlock<B> {
     pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
         self.head
             .forward(self.encoder.forward(TransformerEncoderInput::new(x)))
+    }
+}
+
+/// A 3×3 convolution, batch normalization and a linear head: the normalization's gain and bias
+/// reach their ops through reshapes, and its running statistics are float tensors that are not
+/// trained.
+#[derive(Module, Debug)]
+pub struct ConvNorm<B: Backend> {
+    pub conv: Conv2d<B>,
+    pub norm: BatchNorm<B>,
+    pub head: Linear<B>,
+    pub activation: Relu,
+}
+
+/// The input of [`ConvNorm`]: channels, height, width.
+pub const CONV_INPUT: [usize; 3] = [3, 6, 6];
+/// Its output features.
+pub const CONV_OUTPUT: usize = 8;
+
+impl<B: Backend> ConvNorm<B> {
+    pub fn new(seed: u64, device: &B::Device) -> Self {
+        let [channels, height, width] = CONV_INPUT;
+        let conv = Conv2dConfig::new([channels, 4], [3, 3])
+            .with_padding(PaddingConfig2d::Same)
+            .init(device);
+        ConvNorm {
+            conv,
+            norm: BatchNormConfig::new(4).init(device),
+            head: LinearConfig::new(4 * height * width, CONV_OUTPUT).init(device),
+            activation: Relu::new(),
+        }
+        .map(&mut DeterministicInit::new(seed))
+    }
+
+    /// `x`: [batch, channels, height, width] of [`CONV_INPUT`].
+    pub fn forward(&self, x: Tensor<B, 4>) -> Tensor<B, 2> {
+        let x = self
+            .activation
+            .forward(self.norm.forward(self.conv.forward(x)));
+        self.head.forward(x.flatten(1, 3))
+    }
+}
+
+/// RMS normalization in front of an [`Mlp`]: its gain reaches the multiply through
+/// `unsqueeze`, a view of the parameter.
+#[derive(Module, Debug)]
+pub struct RmsMlp<B: Backend> {
+    pub norm: RmsNorm<B>,
+    pub mlp: Mlp<B>,
+}
+
+impl<B: Backend> RmsMlp<B> {
+    pub fn new(seed: u64, device: &B::Device) -> Self {
+        RmsMlp {
+            norm: RmsNormConfig::new(MLP_SIZES[0]).init(device),
+            mlp: Mlp::new(&MLP_SIZES, seed, device),
+        }
+        .map(&mut DeterministicInit::new(seed + 1))
+    }
+
+    pub fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
+        self.mlp.forward(self.norm.forward(x))
     }
 }
 

@@ -16,6 +16,10 @@ pub enum Synthetic {
     Mlp,
     /// A [`TransformerBlock`] of width [`TRANSFORMER_WIDTH`] on sequences of [`SEQUENCE`].
     Transformer,
+    /// A [`ConvNorm`] (convolution, batch normalization, linear head) on [`CONV_INPUT`] images.
+    ConvBatchNorm,
+    /// An [`RmsMlp`] (RMS normalization in front of the MLP) on rows of 16 features.
+    RmsNorm,
 }
 
 pub const TRANSFORMER_WIDTH: usize = 16;
@@ -58,6 +62,54 @@ pub fn train_synthetic<B: burn_dist::DistributedAutodiff>(
                         device,
                     );
                     let y = synthetic_rows::<B, 2>(1, step, [global_batch, output], rows, device);
+                    (model.forward(x) - y).powi_scalar(2).mean()
+                },
+            )
+        }
+        Synthetic::ConvBatchNorm => {
+            let model = ConvNorm::<B>::new(13, device);
+            let [channels, height, width] = CONV_INPUT;
+            train_loop(
+                ddp,
+                model,
+                optimizer,
+                steps,
+                global_batch,
+                lr,
+                on_step,
+                |model, step, rows| {
+                    let x = synthetic_rows::<B, 4>(
+                        4,
+                        step,
+                        [global_batch, channels, height, width],
+                        rows.clone(),
+                        device,
+                    );
+                    let y =
+                        synthetic_rows::<B, 2>(5, step, [global_batch, CONV_OUTPUT], rows, device);
+                    (model.forward(x) - y).powi_scalar(2).mean()
+                },
+            )
+        }
+        Synthetic::RmsNorm => {
+            let model = RmsMlp::<B>::new(17, device);
+            train_loop(
+                ddp,
+                model,
+                optimizer,
+                steps,
+                global_batch,
+                lr,
+                on_step,
+                |model, step, rows| {
+                    let x = synthetic_rows::<B, 2>(
+                        6,
+                        step,
+                        [global_batch, input],
+                        rows.clone(),
+                        device,
+                    );
+                    let y = synthetic_rows::<B, 2>(7, step, [global_batch, output], rows, device);
                     (model.forward(x) - y).powi_scalar(2).mean()
                 },
             )

@@ -152,7 +152,10 @@ pub enum DistError {
     /// or used one alone (printed or evaluated a weight on one rank), so the ranks' gathers no
     /// longer pair up; or a peer failed.
     #[error(
-        "rank {rank} gathering sharded parameter #{param} `{name}`: {source}. Under ZeRO stage 3          every rank must use the sharded parameters in the same order: run the same forward and          backward on every rank (evaluate on every rank, each on its share of the data; read          values with `Ddp::gather_params` on every rank)"
+        "rank {rank} gathering sharded parameter #{param} `{name}`: {source}. Under ZeRO stage 3 \
+         every rank must use the sharded parameters in the same order: run the same forward and \
+         backward on every rank (evaluate on every rank, each on its share of the data), and \
+         read parameter values on every rank together (a read is a gather)"
     )]
     Gather {
         rank: usize,
@@ -166,7 +169,11 @@ pub enum DistError {
     /// replaced it: slice-assign, a mapper storing a new tensor, a stock Burn optimizer's step),
     /// so this rank would hold a full copy that the sharded optimizer never updates.
     #[error(
-        "rank {rank}: sharded parameter #{param} `{name}` was replaced by a full local tensor          (a write into a sharded parameter: slice_assign, a ModuleMapper storing a new tensor,          or a stock Burn optimizer's step). Under ZeRO stage 3 only ZeroAdam (stage 3) updates          the parameters; to load new values into a sharded model, call `Ddp::prepare_sharded`          on it again"
+        "rank {rank}: sharded parameter #{param} `{name}` was replaced by a full local tensor \
+         (a write into a sharded parameter: slice_assign, a ModuleMapper storing a new tensor, \
+         or a stock Burn optimizer's step). Under ZeRO stage 3 only ZeroAdam (stage 3) updates \
+         the parameters; to load new values into a sharded model, call `Ddp::prepare_sharded` \
+         on it again"
     )]
     ShardReplaced {
         rank: usize,
@@ -177,7 +184,9 @@ pub enum DistError {
     /// ZeRO stage 3: the ranks used the sharded parameters in different sequences during one
     /// optimizer step (each use is hashed; the hashes are compared with the step's agreement).
     #[error(
-        "rank {rank} used the sharded parameters in another sequence than rank 0 during this          step ({uses} uses, rank 0: {rank0_uses}): every rank must run the same forward and          backward under ZeRO stage 3"
+        "rank {rank} used the sharded parameters in another sequence than rank 0 during this \
+         step ({uses} uses, rank 0: {rank0_uses}): every rank must run the same forward and \
+         backward under ZeRO stage 3"
     )]
     UseSequence {
         rank: usize,

@@ -219,6 +219,14 @@ impl ParamShards {
         }
     }
 
+    /// Fault injection for the divergence tests: counts a use of parameter `index` on this
+    /// rank alone, with no collective, as a use served from a prefetched gather will be, so
+    /// that only the step's agreement on the digests can see the ranks differ.
+    #[doc(hidden)]
+    pub fn inject_use(&self, index: usize) {
+        self.count(index, Use::Read);
+    }
+
     /// The op that held `bytes` of gathered parameters returned.
     pub(crate) fn release(&self, bytes: usize) {
         let mut state = self.state();
