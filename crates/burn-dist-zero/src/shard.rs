@@ -107,6 +107,8 @@ impl Shard {
         }
         let pieces = layout.pieces(ddp.rank());
         let master = match &shards {
+            // In f32 the model's pieces are the master weights (`ParamShards::with_master`).
+            Some(shards) if shards.holds_f32_shard() => Vec::new(),
             // The model holds this rank's shard already: nothing is gathered.
             Some(shards) => shards.shard_values(),
             None => {
@@ -148,7 +150,23 @@ impl Shard {
         if self.device.is_some() {
             return 3 * self.layout.shard_len;
         }
+        if self.shares_master() {
+            return 3 * self.layout.shard_len;
+        }
         self.master.len() + self.m.len() + self.v.len()
+    }
+
+    /// Stage 3 in f32: the master weights are the model's pieces, not `self.master`.
+    fn shares_master(&self) -> bool {
+        self.shards.as_ref().is_some_and(|s| s.holds_f32_shard())
+    }
+
+    /// This rank's master weights, wherever they live.
+    fn master_values(&self) -> Vec<f32> {
+        match &self.shards {
+            Some(shards) if shards.holds_f32_shard() => shards.shard_values(),
+            _ => self.master.clone(),
+        }
     }
 
     /// See `ZeroAdam::on_device`.
@@ -217,10 +235,10 @@ impl Shard {
         #[cfg(feature = "device")]
         let [master, m, v] = match &self.device {
             Some(device) => device.state(),
-            None => [self.master.clone(), self.m.clone(), self.v.clone()],
+            None => [self.master_values(), self.m.clone(), self.v.clone()],
         };
         #[cfg(not(feature = "device"))]
-        let [master, m, v] = [self.master.clone(), self.m.clone(), self.v.clone()];
+        let [master, m, v] = [self.master_values(), self.m.clone(), self.v.clone()];
         OptimizerShard {
             rank: self.comm.rank(),
             layout: self.layout.clone(),
@@ -255,13 +273,18 @@ impl Shard {
             return Ok(());
         }
         self.time = shard.time;
-        self.master = shard.master;
         self.m = shard.m;
         self.v = shard.v;
         self.skipped = shard.skipped;
-        // Stage 3: the model's parameters are this shard of the master weights.
-        if let Some(shards) = &self.shards {
-            shards.write_shard(&self.master);
+        // Stage 3: the model's parameters are this shard of the master weights (in f32 they
+        // are the master weights).
+        match &self.shards {
+            Some(shards) if shards.holds_f32_shard() => shards.write_shard(&shard.master),
+            Some(shards) => {
+                shards.write_shard(&shard.master);
+                self.master = shard.master;
+            }
+            None => self.master = shard.master,
         }
         Ok(())
     }
@@ -319,26 +342,35 @@ impl Shard {
         //    parameter, and a parameter without a gradient is left alone).
         let scalars = |step| self.config.scalars(lr, step);
         if !found_inf {
-            let (master, m, v) = (&mut self.master, &mut self.m, &mut self.v);
-            on_threads(self.host_pool.as_ref(), || {
-                for (r, step) in update_runs(&self.pieces, &present, &self.time) {
-                    host::adam_update(
-                        &mut master[r.clone()],
-                        &mut m[r.clone()],
-                        &mut v[r.clone()],
-                        &grad[r],
-                        clip,
-                        false,
-                        &scalars(step),
-                        ModelCopy::None,
-                    );
+            let (m, v) = (&mut self.m, &mut self.v);
+            let mut update = |master: &mut [f32]| {
+                on_threads(self.host_pool.as_ref(), || {
+                    for (r, step) in update_runs(&self.pieces, &present, &self.time) {
+                        host::adam_update(
+                            &mut master[r.clone()],
+                            &mut m[r.clone()],
+                            &mut v[r.clone()],
+                            &grad[r],
+                            clip,
+                            false,
+                            &scalars(step),
+                            ModelCopy::None,
+                        );
+                    }
+                })
+            };
+            match &self.shards {
+                // Stage 3 in f32: the master weights are the model's pieces, stepped in place.
+                Some(shards) if shards.holds_f32_shard() => {
+                    shards.with_master(update);
                 }
-            });
+                _ => update(&mut self.master),
+            }
         }
 
         // 4. Stage 3: the model's pieces are this shard; the next forward gathers them.
         if let Some(shards) = &self.shards {
-            if !found_inf {
+            if !found_inf && !shards.holds_f32_shard() {
                 shards.write_shard(&self.master);
             }
             let model = model.map(&mut FreshLeaves { shards });

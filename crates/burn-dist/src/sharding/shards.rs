@@ -1,6 +1,7 @@
 //! One rank's pieces of the sharded parameters, the gather, and what they cost (counted).
 
 use std::any::Any;
+use std::ops::Range;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use burn::module::{Module, ModuleVisitor, Param, ParamId};
@@ -75,17 +76,29 @@ pub(crate) type Probe = Box<dyn Fn(&dyn Any) -> Option<Holding> + Send + Sync>;
 /// One rank's pieces of every sharded parameter and its communicator: what every parameter
 /// handle of the rank's model refers to.
 ///
-/// Made by `Ddp::prepare_sharded`; ZeroAdam (stage 3) reads its shard of the parameters from it
-/// once and writes the updated shard into it after every step, and burn-dist-zero's
+/// Made by `Ddp::prepare_sharded`. ZeroAdam (stage 3) steps this rank's shard in place when
+/// every parameter is f32 ([`ParamShards::with_master`]: the pieces *are* its master weights,
+/// so the model costs no extra copy), else it reads its master weights from the pieces once
+/// and writes them back in the parameters' dtype after every step; burn-dist-zero's
 /// checkpoints save the pieces.
 pub struct ParamShards {
     comm: Arc<HostCommunicator>,
     layout: FlatLayout,
     params: Vec<ShardedParamInfo>,
-    /// This rank's piece of each parameter, in its dtype (empty where it holds none).
-    pieces: RwLock<Vec<Vec<u8>>>,
+    /// Where each parameter's piece lies in this rank's shard (`None`: it holds none of it).
+    in_shard: Vec<Option<Range<usize>>>,
+    held: RwLock<Held>,
     state: Mutex<State>,
     probe: Probe,
+}
+
+/// This rank's part of the sharded parameters.
+enum Held {
+    /// Every sharded parameter is f32: this rank's shard of the flat layout itself (padding
+    /// zero), which is also the stage-3 optimizer's master weights.
+    F32(Vec<f32>),
+    /// Each parameter's piece in its own dtype (empty where this rank holds none).
+    Pieces(Vec<Vec<u8>>),
 }
 
 #[derive(Default)]
@@ -101,6 +114,7 @@ const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
 const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
 
 impl ParamShards {
+    /// `pieces`: this rank's piece of each parameter, in its dtype.
     pub(crate) fn new(
         comm: Arc<HostCommunicator>,
         layout: FlatLayout,
@@ -108,13 +122,37 @@ impl ParamShards {
         pieces: Vec<Vec<u8>>,
         probe: Probe,
     ) -> Self {
+        use burn_dist_comm::Communicator;
         let shard_bytes = pieces.iter().map(Vec::len).sum();
         comm.label_tags(params.iter().map(|p| p.name.clone()).collect());
+        let mut in_shard = vec![None; params.len()];
+        for piece in layout.pieces(comm.rank()) {
+            in_shard[piece.param] = Some(piece.in_shard);
+        }
+        let held = if params.iter().all(|p| p.dtype == DType::F32) {
+            let mut shard = vec![0.0f32; layout.shard_len];
+            for (range, piece) in in_shard.iter().zip(&pieces) {
+                if let Some(range) = range {
+                    // Bytes of no particular alignment: read element by element.
+                    let values = piece
+                        .chunks_exact(4)
+                        .map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes")));
+                    shard[range.clone()]
+                        .iter_mut()
+                        .zip(values)
+                        .for_each(|(s, v)| *s = v);
+                }
+            }
+            Held::F32(shard)
+        } else {
+            Held::Pieces(pieces)
+        };
         ParamShards {
             comm,
             layout,
             params,
-            pieces: RwLock::new(pieces),
+            in_shard,
+            held: RwLock::new(held),
             state: Mutex::new(State {
                 stats: ShardStats {
                     shard_bytes,
@@ -171,7 +209,7 @@ impl ParamShards {
     ) -> B::FloatTensorPrimitive {
         let info = &self.params[index];
         let elem = info.dtype.size();
-        let piece = self.pieces.read().unwrap_or_else(|e| e.into_inner())[index].clone();
+        let piece = self.piece_bytes(index);
         let counts = info.counts.iter().map(|&n| n * elem).collect();
         let tag = u32::try_from(index + 1).expect("fewer than 2^32 parameters");
         let gathered = self
@@ -254,41 +292,76 @@ impl ParamShards {
         ended
     }
 
-    /// This rank's shard of the flat vector of parameters as f32 (padding zero): where the
-    /// stage-3 optimizer's master weights start.
+    fn held(&self) -> std::sync::RwLockReadGuard<'_, Held> {
+        self.held.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn held_mut(&self) -> std::sync::RwLockWriteGuard<'_, Held> {
+        self.held.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether this rank's shard is f32 and so can serve as the optimizer's master weights
+    /// ([`ParamShards::with_master`]).
+    pub fn holds_f32_shard(&self) -> bool {
+        matches!(*self.held(), Held::F32(_))
+    }
+
+    /// Runs `update` on this rank's shard of the flat vector, in place, when every parameter is
+    /// f32 (the stage-3 optimizer's step on its master weights, which are the pieces every
+    /// handle gathers from); `None`, without running it, otherwise.
+    pub fn with_master<R>(&self, update: impl FnOnce(&mut [f32]) -> R) -> Option<R> {
+        match &mut *self.held_mut() {
+            Held::F32(shard) => Some(update(shard)),
+            Held::Pieces(_) => None,
+        }
+    }
+
+    /// This rank's shard of the flat vector of parameters as f32 (padding zero).
     pub fn shard_values(&self) -> Vec<f32> {
+        let pieces = match &*self.held() {
+            Held::F32(shard) => return shard.clone(),
+            Held::Pieces(pieces) => pieces.clone(),
+        };
         let mut shard = vec![0.0f32; self.layout.shard_len];
-        let pieces = self.pieces.read().unwrap_or_else(|e| e.into_inner());
-        for piece in self.layout.pieces(self.rank()) {
-            let info = &self.params[piece.param];
-            let data = TensorData::from_bytes_vec(
-                pieces[piece.param].clone(),
-                vec![piece.within.len()],
-                info.dtype,
-            );
-            let values = data.convert::<f32>().into_vec::<f32>().expect("f32 values");
-            shard[piece.in_shard].copy_from_slice(&values);
+        for ((range, piece), info) in self.in_shard.iter().zip(pieces).zip(&self.params) {
+            if let Some(range) = range {
+                let data = TensorData::from_bytes_vec(piece, vec![range.len()], info.dtype);
+                let values = data.convert::<f32>().into_vec::<f32>().expect("f32 values");
+                shard[range.clone()].copy_from_slice(&values);
+            }
         }
         shard
     }
 
     /// Replaces this rank's pieces by `shard` (this rank's shard of the flat vector, f32), in
-    /// each parameter's dtype: the stage-3 optimizer's write-back. Every handle gathers the new
-    /// values from then on; nothing is communicated.
+    /// each parameter's dtype: the stage-3 optimizer's write-back when its master weights are
+    /// its own (or a checkpoint's). Every handle gathers the new values from then on; nothing is
+    /// communicated.
     pub fn write_shard(&self, shard: &[f32]) {
         assert_eq!(shard.len(), self.layout.shard_len, "a shard of the layout");
-        let mut pieces = self.pieces.write().unwrap_or_else(|e| e.into_inner());
-        for piece in self.layout.pieces(self.rank()) {
-            let info = &self.params[piece.param];
-            let values = shard[piece.in_shard].to_vec();
-            let data = TensorData::new(values, vec![piece.within.len()]).convert_dtype(info.dtype);
-            pieces[piece.param] = data.into_bytes().to_vec();
+        match &mut *self.held_mut() {
+            Held::F32(held) => held.copy_from_slice(shard),
+            Held::Pieces(pieces) => {
+                for ((range, piece), info) in self.in_shard.iter().zip(pieces).zip(&self.params) {
+                    if let Some(range) = range {
+                        let values = shard[range.clone()].to_vec();
+                        let data =
+                            TensorData::new(values, vec![range.len()]).convert_dtype(info.dtype);
+                        *piece = data.into_bytes().to_vec();
+                    }
+                }
+            }
         }
     }
 
-    /// This rank's piece of parameter `index`, in its dtype (for checkpoints).
+    /// This rank's piece of parameter `index`, in its dtype (for a gather or a checkpoint).
     pub fn piece_bytes(&self, index: usize) -> Vec<u8> {
-        self.pieces.read().unwrap_or_else(|e| e.into_inner())[index].clone()
+        match &*self.held() {
+            Held::F32(shard) => self.in_shard[index].clone().map_or_else(Vec::new, |range| {
+                bytemuck::cast_slice(&shard[range]).to_vec()
+            }),
+            Held::Pieces(pieces) => pieces[index].clone(),
+        }
     }
 
     /// What a float primitive of the model holds; `None` when it is not a primitive of the
