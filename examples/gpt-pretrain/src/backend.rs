@@ -4,7 +4,7 @@
 //! device memory) on Burn's `Wgpu` and `Cuda`.
 
 use burn::backend::Autodiff;
-use burn_dist::{Ddp, DdpConfig, DistributedBackend};
+use burn_dist::{Ddp, DdpConfig, DistributedBackend, Sharded};
 use burn_flex::{Flex, FlexDevice};
 
 use crate::cli::{Args, BackendKind};
@@ -18,6 +18,15 @@ pub fn run(args: &Args) -> Result<Outcome, String> {
             // Started by hand (no launcher variable), `Ddp::init` is a job of one rank.
             let mut ddp = Ddp::init(config).map_err(|e| format!("joining the job: {e}"))?;
             let keep = |zero, _: &Ddp| Ok(zero);
+            if args.zero_stage == 3 {
+                // ZeRO stage 3: the parameters are sharded too (burn-dist's `Sharded` mode).
+                return train::run_with::<Autodiff<DistributedBackend<Flex, Sharded>>>(
+                    args,
+                    &mut ddp,
+                    &FlexDevice,
+                    &keep,
+                );
+            }
             train::run_with::<Autodiff<DistributedBackend<Flex>>>(
                 args,
                 &mut ddp,

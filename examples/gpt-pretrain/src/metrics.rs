@@ -54,6 +54,13 @@ pub struct StepRecord {
     /// that print a line only (`--log-every`, evaluations, the last), else empty.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub rss_mib: Vec<f64>,
+    /// The most resident memory every rank has had so far (VmHWM), MiB, by rank; on the same
+    /// steps as `rss_mib`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub peak_rss_mib: Vec<f64>,
+    /// ZeRO stage 3: what rank 0's sharded parameters held and cost in this step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shards: Option<ShardRecord>,
     /// Seconds since the start of this process's training loop.
     pub elapsed_s: f64,
     /// Bytes rank 0's reducer moved from the backend's memory to the host in this step; on the
@@ -64,6 +71,19 @@ pub struct StepRecord {
     /// The same from the host into the backend's memory (`ReducerStats::bytes_to_device`).
     #[serde(default)]
     pub bytes_to_device: u64,
+}
+
+/// ZeRO stage 3's counters for one step of one rank (burn-dist's `ShardStats`), in MiB.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct ShardRecord {
+    /// This rank's pieces of the parameters.
+    pub shard_mib: f64,
+    /// The most gathered parameter bytes held at once during the step (by the running ops).
+    pub gathered_peak_mib: f64,
+    /// Parameter bytes gathered during the step (forward, backward, evaluation).
+    pub gathered_mib: f64,
+    /// Parameters read outside any op so far (0 in training).
+    pub reads: u64,
 }
 
 /// Tokens per second of wall time: over one iteration, over a log interval and over the whole
@@ -189,10 +209,19 @@ pub fn read(path: &Path) -> Result<Vec<StepRecord>, String> {
 /// This process's resident set size (VmRSS of /proc/self/status) in KiB; `None` where there is
 /// no procfs.
 pub fn resident_kib() -> Option<u64> {
+    status_kib("VmRSS:")
+}
+
+/// The most resident memory this process has had (VmHWM, its high-water mark) in KiB.
+pub fn peak_resident_kib() -> Option<u64> {
+    status_kib("VmHWM:")
+}
+
+fn status_kib(field: &str) -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     status
         .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .find_map(|l| l.strip_prefix(field))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
 }
 
@@ -216,6 +245,13 @@ mod tests {
             flops_per_s: 1e9,
             mfu: None,
             rss_mib: vec![10.0, 11.0],
+            peak_rss_mib: vec![12.0, 13.0],
+            shards: Some(ShardRecord {
+                shard_mib: 1.0,
+                gathered_peak_mib: 0.5,
+                gathered_mib: 4.0,
+                reads: 0,
+            }),
             elapsed_s: 1.0,
             bytes_to_host: 4096,
             bytes_to_device: 4144,

@@ -10,7 +10,7 @@ use burn::module::{AutodiffModule, Module};
 use burn::optim::{AdamW, AdamWConfig, Optimizer, adaptor::OptimizerAdaptor};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{ElementConversion, FloatDType};
-use burn_dist::{Ddp, GradScaler, GradScalerConfig};
+use burn_dist::{Ddp, DistributedAutodiff, GradScaler, GradScalerConfig};
 use burn_dist_comm::{Communicator, HostBuffer, ReduceOp};
 use burn_dist_zero::checkpoint::{self, TrainingState};
 use burn_dist_zero::{ZeroAdam, ZeroAdamConfig};
@@ -20,7 +20,7 @@ use burn_dist_models::Cast;
 
 use crate::cli::{Args, OptimizerKind, Precision};
 use crate::data::{self, Corpus, Loader};
-use crate::metrics::{self, LoopClock, MetricsWriter, StepRecord};
+use crate::metrics::{self, LoopClock, MetricsWriter, ShardRecord, StepRecord};
 use crate::model::{Gpt, GptConfig};
 use crate::schedule::CosineSchedule;
 
@@ -40,7 +40,7 @@ pub type PlaceOptimizer<'a> = &'a dyn Fn(ZeroAdam, &Ddp) -> burn_dist_zero::Resu
 /// Runs the job described by `args` with a `Ddp` the caller built (e.g. the GPU check's, whose
 /// reducer runs on NCCL); its accumulation must be `args.accumulation`. `place` moves
 /// ZeroAdam's state (see [`PlaceOptimizer`]).
-pub fn run_with<B: AutodiffBackend>(
+pub fn run_with<B: DistributedAutodiff>(
     args: &Args,
     ddp: &mut Ddp,
     device: &B::Device,
@@ -64,7 +64,7 @@ enum Optim<B: AutodiffBackend> {
     AdamW(OptimizerAdaptor<AdamW, Gpt<B>, B>),
 }
 
-struct Trainer<'a, B: AutodiffBackend> {
+struct Trainer<'a, B: DistributedAutodiff> {
     args: &'a Args,
     ddp: &'a mut Ddp,
     device: B::Device,
@@ -82,7 +82,7 @@ struct Trainer<'a, B: AutodiffBackend> {
     metrics: Option<MetricsWriter>,
 }
 
-impl<'a, B: AutodiffBackend> Trainer<'a, B> {
+impl<'a, B: DistributedAutodiff> Trainer<'a, B> {
     fn new(
         args: &'a Args,
         ddp: &'a mut Ddp,
@@ -97,7 +97,8 @@ impl<'a, B: AutodiffBackend> Trainer<'a, B> {
         let windows = data::window_count(corpus.train.len(), seq);
 
         // Every rank builds the same model from the seed; `prepare` checks that they agree and
-        // copies rank 0's values anyway.
+        // copies rank 0's values anyway (at ZeRO stage 3, `prepare_sharded` keeps each rank's
+        // piece of them).
         ddp.seed(args.seed);
         let model = config.init::<B>(args.seed, device);
         let model = match args.precision {
@@ -105,7 +106,7 @@ impl<'a, B: AutodiffBackend> Trainer<'a, B> {
             Precision::F16 => model.map(&mut Cast(FloatDType::F16)),
             Precision::Bf16 => model.map(&mut Cast(FloatDType::BF16)),
         };
-        let model = ddp.prepare(model).map_err(|e| e.to_string())?;
+        let model = B::prepare_model(ddp, model).map_err(|e| e.to_string())?;
         let max_grad_norm = (args.max_grad_norm > 0.0).then_some(args.max_grad_norm);
         let mut optim = match args.optimizer {
             OptimizerKind::Zero => Optim::Zero(Box::new(
@@ -292,6 +293,7 @@ impl<'a, B: AutodiffBackend> Trainer<'a, B> {
         }
         let mut clock = LoopClock::start();
         let mut moved = self.ddp.stats();
+        let mut shards_before = self.ddp.shard_stats().unwrap_or_default();
         for done in self.start + 1..=steps {
             let (loss, lr, grad_norm, skipped, loss_scale) = self.step(done - 1)?;
             let before = std::mem::replace(&mut moved, self.ddp.stats());
@@ -307,11 +309,20 @@ impl<'a, B: AutodiffBackend> Trainer<'a, B> {
             let prints = last
                 || evaluates
                 || (args.log_every > 0 && done.is_multiple_of(args.log_every as u64));
-            let rss_mib = if prints {
+            let (rss_mib, peak_rss_mib) = if prints {
                 self.gather_rss()?
             } else {
-                Vec::new()
+                (Vec::new(), Vec::new())
             };
+            let shards = self.ddp.shard_stats().map(|now| {
+                let before = std::mem::replace(&mut shards_before, now);
+                ShardRecord {
+                    shard_mib: mib(now.shard_bytes as u64),
+                    gathered_peak_mib: mib(now.last_step_peak_bytes as u64),
+                    gathered_mib: mib(now.gathered_bytes - before.gathered_bytes),
+                    reads: now.reads,
+                }
+            });
             let rate = clock.lap(tokens);
             let record = StepRecord {
                 step: done,
@@ -326,6 +337,8 @@ impl<'a, B: AutodiffBackend> Trainer<'a, B> {
                 flops_per_s: flops_per_token * rate.tokens_per_s,
                 mfu: mfu(rate.tokens_per_s),
                 rss_mib,
+                peak_rss_mib,
+                shards,
                 elapsed_s: rate.elapsed_s,
                 bytes_to_host: moved.bytes_to_host - before.bytes_to_host,
                 bytes_to_device: moved.bytes_to_device - before.bytes_to_device,
@@ -459,21 +472,24 @@ impl<'a, B: AutodiffBackend> Trainer<'a, B> {
         Ok(f64::from(t[0]) / f64::from(t[1]))
     }
 
-    /// Every rank's resident memory in MiB, gathered (in rank order) on every rank.
-    fn gather_rss(&self) -> Result<Vec<f64>, String> {
+    /// Every rank's resident memory and its peak so far in MiB, gathered (in rank order) on
+    /// every rank.
+    fn gather_rss(&self) -> Result<(Vec<f64>, Vec<f64>), String> {
         let world = self.ddp.world_size();
-        let kib = metrics::resident_kib().unwrap_or(0);
+        let mut mine = metrics::resident_kib().unwrap_or(0).to_le_bytes().to_vec();
+        mine.extend_from_slice(&metrics::peak_resident_kib().unwrap_or(0).to_le_bytes());
         let all = self
             .ddp
             .communicator()
-            .all_gather(HostBuffer::U8(kib.to_le_bytes().to_vec()), 8 * world)
+            .all_gather(HostBuffer::U8(mine), 16 * world)
             .wait()
             .map_err(|e| format!("gathering resident memory: {e}"))?;
-        Ok(all
-            .as_bytes()
-            .chunks_exact(8)
-            .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")) as f64 / 1024.0)
-            .collect())
+        let mib = |c: &[u8]| u64::from_le_bytes(c.try_into().expect("8 bytes")) as f64 / 1024.0;
+        let ranks = all.as_bytes().chunks_exact(16);
+        Ok((
+            ranks.clone().map(|rank| mib(&rank[..8])).collect(),
+            ranks.map(|rank| mib(&rank[8..])).collect(),
+        ))
     }
 
     fn save(&self, done: u64) -> Result<(), String> {
@@ -510,13 +526,18 @@ impl<'a, B: AutodiffBackend> Trainer<'a, B> {
     /// Rank 0: the parameter dump, the plot and the summary lines. The end-to-end rate is read
     /// first: the loop, its last checkpoint included, and nothing after it.
     fn finish(&self, outcome: &Outcome, clock: &LoopClock) -> Result<(), String> {
+        // Read on every rank: at ZeRO stage 3 reading a parameter gathers it from every rank.
+        let model = self.model.as_ref().expect("the model is in place");
+        let params = self
+            .args
+            .out
+            .as_ref()
+            .map(|_| burn_dist_models::step::float_params::<B, _>(model));
         if !self.ddp.is_main() {
             return Ok(());
         }
         let (tokens_per_s, tokens, seconds) = clock.end_to_end();
-        let model = self.model.as_ref().expect("the model is in place");
-        if let Some(out) = &self.args.out {
-            let params = burn_dist_models::step::float_params::<B, _>(model);
+        if let (Some(out), Some(params)) = (&self.args.out, params) {
             burn_dist_models::step::write_params(out, &params)
                 .map_err(|e| format!("--out {}: {e}", out.display()))?;
         }
@@ -549,6 +570,10 @@ impl<'a, B: AutodiffBackend> Trainer<'a, B> {
     }
 }
 
+fn mib(bytes: u64) -> f64 {
+    bytes as f64 / (1 << 20) as f64
+}
+
 /// The line printed every `--log-every` steps: the step's numbers, with the throughput (and
 /// MFU) of the whole interval since the previous line.
 fn log_line(r: &StepRecord, steps: u64, tokens_per_s: f64, mfu: Option<f64>) -> String {
@@ -568,6 +593,15 @@ fn log_line(r: &StepRecord, steps: u64, tokens_per_s: f64, mfu: Option<f64>) -> 
     }
     if r.skipped {
         line += " | skipped (inf/NaN)";
+    }
+    if let Some(peak) = r.peak_rss_mib.iter().copied().reduce(f64::max) {
+        line += &format!(" | peak rss {peak:.0} MiB/rank");
+    }
+    if let Some(shards) = &r.shards {
+        line += &format!(
+            " | shard {:.1} MiB, gathered {:.1} MiB at most",
+            shards.shard_mib, shards.gathered_peak_mib
+        );
     }
     line
 }

@@ -1,8 +1,8 @@
 //! 1, 2 and 4 real processes (through `burn-dist-run`) training the tiny GPT on the same global
 //! batch follow the same loss curve, step by step, training and validation, with the same
 //! gradient norms, and end with the same parameters; so does 2 ranks with 2 accumulation
-//! micro-batches each. Burn's AdamW with this example's global clipping and ZeRO stage 2 follow
-//! ZeroAdam stage 1 alike; f16 and bf16 train.
+//! micro-batches each. Burn's AdamW with this example's global clipping and ZeRO stages 2 and 3
+//! follow ZeroAdam stage 1 alike (stage 3 bit for bit stage 2); f16 and bf16 train.
 //!
 //! The tokens/s printed every step and recorded for the plot add up to the end-to-end figure.
 //!
@@ -107,7 +107,7 @@ fn one_two_and_four_ranks_follow_the_same_loss_curve() {
 }
 
 #[test]
-fn adamw_and_zero_stage_2_follow_zero_stage_1_and_mixed_precision_trains() {
+fn adamw_and_zero_stages_2_and_3_follow_zero_stage_1_and_mixed_precision_trains() {
     let dir = scratch_dir("gpt-optimizers");
     // A clip norm the gradients exceed, so that both clipping implementations are exercised.
     let clip = ["--max-grad-norm", "0.5"];
@@ -123,6 +123,17 @@ fn adamw_and_zero_stage_2_follow_zero_stage_1_and_mixed_precision_trains() {
     assert_same_run(&adamw, &reference, "Burn's AdamW");
     let stage2 = launched(&dir, 2, &[&clip[..], &["--zero-stage", "2"]].concat());
     assert_same_run(&stage2, &reference, "ZeRO stage 2");
+    let stage3 = launched(&dir, 2, &[&clip[..], &["--zero-stage", "3"]].concat());
+    assert_same_run(&stage3, &reference, "ZeRO stage 3");
+    assert_eq!(
+        stage3.params, stage2.params,
+        "stage 3 is bit for bit stage 2"
+    );
+    for record in &stage3.steps {
+        let shards = record.shards.expect("stage 3 records its shards");
+        assert!(shards.gathered_mib > 0.0 && shards.reads == 0, "{shards:?}");
+    }
+    assert!(stage2.steps.iter().all(|r| r.shards.is_none()));
     for precision in ["f16", "bf16"] {
         let run = launched(&dir, 2, &["--precision", precision]).steps;
         let (first, last) = (run[0].loss, run[run.len() - 1].loss);
