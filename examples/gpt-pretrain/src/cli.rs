@@ -291,9 +291,6 @@ impl Args {
         if self.zero_stage == 3 && self.backend != BackendKind::Flex {
             return Err("--zero-stage 3 runs on --backend flex (the host path) for now; the device backends train at stages 1 and 2".into());
         }
-        if self.zero_stage == 3 && (self.checkpoint_every.is_some() || self.resume.is_some()) {
-            return Err("--checkpoint-every and --resume do not take --zero-stage 3 yet: its sharded checkpoint is still to be written".into());
-        }
         if self.checkpoint_every == Some(0) {
             return Err("--checkpoint-every must be positive".into());
         }

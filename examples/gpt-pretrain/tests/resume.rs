@@ -179,3 +179,44 @@ fn a_checkpoint_of_two_ranks_resumes_on_one_and_four_to_the_same_model() {
     }
     let _ = std::fs::remove_dir_all(&root);
 }
+
+/// ZeRO stage 3 saves with no rank holding the model: a checkpoint of 4 ranks at stage 3
+/// resumes on 2 ranks at stage 3 and on 1 rank at stage 1 to the same model.
+#[test]
+fn a_stage_3_checkpoint_of_four_ranks_resumes_on_two_at_stage_3_and_on_one_at_stage_1() {
+    let root = scratch_dir("gpt-stage3-reshard");
+    let out = |name: &str| root.join(name).to_str().unwrap().to_string();
+    let status = train(
+        &root.join("straight"),
+        4,
+        &["--zero-stage", "3", "--out", &out("straight.bin")],
+        |_| {},
+    );
+    assert!(status.success(), "uninterrupted run: {status}");
+    let reference = read_params(&root.join("straight.bin")).unwrap();
+    let resume = root.join("straight/checkpoints/step-0000000004");
+    for (world, stage) in [(2, "3"), (1, "1")] {
+        let name = format!("resumed-{world}.bin");
+        let status = train(
+            &root.join(format!("run-{world}")),
+            world,
+            &[
+                "--zero-stage",
+                stage,
+                "--resume",
+                resume.to_str().unwrap(),
+                "--out",
+                &out(&name),
+            ],
+            |_| {},
+        );
+        assert!(
+            status.success(),
+            "resumed on {world} ranks at stage {stage}: {status}"
+        );
+        let got = read_params(&root.join(&name)).unwrap();
+        let what = format!("resumed on {world} ranks at stage {stage}");
+        assert_same_model(&got, &reference, 1e-5, &what);
+    }
+    let _ = std::fs::remove_dir_all(&root);
+}

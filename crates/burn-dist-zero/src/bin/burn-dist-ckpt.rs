@@ -3,6 +3,7 @@
 //! ```text
 //! burn-dist-ckpt inspect <checkpoint-dir>               manifest summary, every file verified
 //! burn-dist-ckpt consolidate <checkpoint-dir> <out>     full fp32 master weights and moments
+//! burn-dist-ckpt export <checkpoint-dir> <out>          the model's weights, in their dtypes
 //! ```
 //!
 //! `<checkpoint-dir>` is a step directory or a root of them (its newest complete checkpoint).
@@ -14,6 +15,7 @@ use burn_dist_zero::checkpoint::{self, Manifest};
 const USAGE: &str = "usage:
   burn-dist-ckpt inspect <checkpoint-dir>
   burn-dist-ckpt consolidate <checkpoint-dir> <out-file>
+  burn-dist-ckpt export <checkpoint-dir> <out-file>
 
 <checkpoint-dir> is a step-* directory, or a directory of them (the newest complete one is used).";
 
@@ -23,6 +25,7 @@ fn main() -> ExitCode {
     let outcome = match args.as_slice() {
         ["inspect", dir] => inspect(dir),
         ["consolidate", dir, out] => consolidate(dir, out),
+        ["export", dir, out] => export(dir, out),
         ["-h" | "--help" | "help"] => {
             println!("{USAGE}");
             return ExitCode::SUCCESS;
@@ -39,6 +42,22 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// The model's weights as one safetensors file, as a stage-1 or stage-2 checkpoint's model file
+/// holds them; a ZeRO stage-3 checkpoint's are assembled from the shards, one at a time.
+fn export(dir: &str, out: &str) -> checkpoint::Result<()> {
+    let manifest = checkpoint::export(dir, out)?;
+    println!(
+        "wrote {out}: the model of step {} ({} trainable parameters{})",
+        manifest.step,
+        manifest.params.len(),
+        match manifest.weights {
+            checkpoint::Weights::MasterShards => ", from the shards' master weights",
+            checkpoint::Weights::ModelFile => "",
+        }
+    );
+    Ok(())
 }
 
 fn inspect(dir: &str) -> checkpoint::Result<()> {

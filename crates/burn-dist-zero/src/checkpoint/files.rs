@@ -68,7 +68,45 @@ pub(crate) enum Size {
 /// on the open descriptor (so it cannot be swapped between the check and the read), and at
 /// most the allowed size is read even if it grows meanwhile.
 pub(crate) fn read_untrusted(path: &Path, what: &str, size: Size) -> Result<Vec<u8>> {
-    let mut file = OpenOptions::new()
+    let mut opened = open_untrusted(path, what, size)?;
+    let mut bytes = Vec::with_capacity(opened.found as usize);
+    (&mut opened.file)
+        .take(opened.limit.saturating_add(1))
+        .read_to_end(&mut bytes)
+        .map_err(CheckpointError::io(path))?;
+    // The file changed size between the check and the read.
+    if bytes.len() as u64 != opened.found {
+        return Err(opened.wrong_size(bytes.len() as u64));
+    }
+    Ok(bytes)
+}
+
+/// A file that passed [`open_untrusted`]'s checks.
+struct Opened {
+    file: File,
+    /// Its size when checked, and the most bytes to read from it.
+    found: u64,
+    limit: u64,
+    path: std::path::PathBuf,
+    what: String,
+    /// What its size should have been, for the message.
+    expected: String,
+}
+
+impl Opened {
+    fn wrong_size(&self, found: u64) -> CheckpointError {
+        CheckpointError::WrongSize {
+            path: self.path.clone(),
+            what: self.what.clone(),
+            found,
+            expected: self.expected.clone(),
+        }
+    }
+}
+
+/// The checks of [`read_untrusted`], up to the read.
+fn open_untrusted(path: &Path, what: &str, size: Size) -> Result<Opened> {
+    let file = OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
         .open(path)
@@ -105,25 +143,56 @@ pub(crate) fn read_untrusted(path: &Path, what: &str, size: Size) -> Result<Vec<
         ),
         Size::AtMost(n) => (n, found <= n, format!("more than the {n} it may have")),
     };
-    let wrong_size = |found: u64| CheckpointError::WrongSize {
+    let opened = Opened {
+        file,
+        found,
+        limit,
         path: path.to_path_buf(),
         what: what.to_string(),
-        found,
-        expected: expected.clone(),
+        expected,
     };
     if !fits {
-        return Err(wrong_size(found));
+        return Err(opened.wrong_size(found));
     }
-    let mut bytes = Vec::with_capacity(found as usize);
-    (&mut file)
-        .take(limit.saturating_add(1))
-        .read_to_end(&mut bytes)
-        .map_err(CheckpointError::io(path))?;
-    // The file changed size between the check and the read.
-    if bytes.len() as u64 != found {
-        return Err(wrong_size(bytes.len() as u64));
+    Ok(opened)
+}
+
+/// Checks the size and checksum of `dir/<the entry's defined name>` against the manifest's
+/// entry, as [`read_verified`] does, reading it in pieces: for files too large to hold (a
+/// shard, during an export that reads only a part of it).
+pub(crate) fn verify_streaming(dir: &Path, entry: &FileEntry) -> Result<()> {
+    let path = dir.join(entry.defined_name());
+    let mut opened = open_untrusted(&path, &entry.what(), Size::Exactly(entry.bytes))?;
+    let mut hasher = crc32fast::Hasher::new();
+    let mut read = 0u64;
+    let mut buffer = vec![0u8; 1 << 20];
+    let mut file = (&mut opened.file).take(opened.limit.saturating_add(1));
+    loop {
+        let n = file.read(&mut buffer).map_err(CheckpointError::io(&path))?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buffer[..n]);
+        read += n as u64;
     }
-    Ok(bytes)
+    if read != opened.found {
+        return Err(opened.wrong_size(read));
+    }
+    check_crc(&path, entry, hasher.finalize())
+}
+
+fn check_crc(path: &Path, entry: &FileEntry, crc: u32) -> Result<()> {
+    if crc == entry.crc32 {
+        return Ok(());
+    }
+    Err(CheckpointError::corrupt(
+        path,
+        format!(
+            "{}: checksum mismatch (crc32 {crc:08x}, the manifest says {:08x})",
+            entry.what(),
+            entry.crc32
+        ),
+    ))
 }
 
 /// Reads `dir/<the entry's defined name>` and checks its size and checksum against the
@@ -132,16 +201,6 @@ pub(crate) fn read_untrusted(path: &Path, what: &str, size: Size) -> Result<Vec<
 pub(crate) fn read_verified(dir: &Path, entry: &FileEntry) -> Result<Vec<u8>> {
     let path = dir.join(entry.defined_name());
     let bytes = read_untrusted(&path, &entry.what(), Size::Exactly(entry.bytes))?;
-    let (_, crc) = fingerprint(&bytes);
-    if crc != entry.crc32 {
-        return Err(CheckpointError::corrupt(
-            &path,
-            format!(
-                "{}: checksum mismatch (crc32 {crc:08x}, the manifest says {:08x})",
-                entry.what(),
-                entry.crc32
-            ),
-        ));
-    }
+    check_crc(&path, entry, fingerprint(&bytes).1)?;
     Ok(bytes)
 }

@@ -49,6 +49,10 @@ pub struct Manifest {
     /// shards), so that the checksum of a manifest written before this field existed holds.
     #[serde(default, skip_serializing_if = "OptimizerState::is_shards")]
     pub optimizer: OptimizerState,
+    /// Where the trainable parameters' values are. Written only when it is not the default
+    /// (`model.safetensors`), so that the checksums of earlier manifests hold.
+    #[serde(default, skip_serializing_if = "Weights::is_model_file")]
+    pub weights: Weights,
     /// The flat layout of the trainable parameters (and of ZeroAdam's shards).
     pub layout: LayoutEntry,
     /// The gradient buckets in use when it was saved: each bucket's parameters (visit-order
@@ -86,6 +90,26 @@ impl OptimizerState {
             OptimizerState::Shards => world.checked_add(1),
             OptimizerState::Record => Some(2),
         }
+    }
+}
+
+/// Where a checkpoint keeps the trainable parameters' values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Weights {
+    /// In `model.safetensors`, with every other float tensor of the model, in the model's
+    /// dtype (written by rank 0, which holds them all).
+    #[default]
+    ModelFile,
+    /// In the optimizer shards' f32 master weights, of which each parameter's values are the
+    /// conversion to its dtype (the manifest's `params`); `model.safetensors` holds the other
+    /// tensors only. ZeRO stage 3 saves so: no rank holds the whole model.
+    MasterShards,
+}
+
+impl Weights {
+    fn is_model_file(&self) -> bool {
+        *self == Weights::ModelFile
     }
 }
 

@@ -3,7 +3,10 @@
 //! A checkpoint of step `s` is the directory `<root>/step-<s, 10 digits>/`:
 //!
 //! - `model.safetensors`: every float tensor of the model, named by its module path
-//!   (`layers.0.weight`), in the model's dtype; written by rank 0;
+//!   (`layers.0.weight`), in the model's dtype; written by rank 0. At ZeRO stage 3 (the model's
+//!   parameters sharded) it holds the tensors that are not sharded, and the manifest says that
+//!   the trainable parameters' values are the shards' master weights ([`Weights`]): no rank
+//!   holds them whole. [`export`] writes them all into one file, one parameter at a time;
 //! - `optim-rank-NNNNN.bin`: rank N's [`OptimizerShard`] (see [`shard_file`] for the format);
 //! - `manifest.json`: format version, world size, step, data position, scaler and random
 //!   stream state, the flat layout, the size and CRC-32 of every other file, and a CRC-32 of its
@@ -21,6 +24,7 @@
 
 mod agreement;
 mod error;
+mod export;
 mod fault_points;
 mod files;
 pub mod manifest;
@@ -46,10 +50,11 @@ use agreement::{agree, gather_u64s};
 use manifest::parse_step;
 
 pub use error::{CheckpointError, Result, SaveStage};
+pub use export::export;
 pub use fault_points::{FAULT_VAR, PAUSE_VAR, inject_fault_on_this_thread};
 pub use manifest::{
     FORMAT_VERSION, FileEntry, LayoutEntry, MANIFEST, MODEL_FILE, Manifest, OPTIMIZER_FILE,
-    OptimizerState, ParamEntry, RandomState, ScalerState, shard_file as shard_file_name,
+    OptimizerState, ParamEntry, RandomState, ScalerState, Weights, shard_file as shard_file_name,
 };
 pub use retention::keep_last;
 pub use save::{save, save_optimizer};
@@ -249,7 +254,34 @@ fn load_parts<B: AutodiffBackend, M: AutodiffModule<B>, T>(
         check_fits(&dir, &manifest, ddp.params())?;
         let entry = manifest.model_entry(&dir)?;
         let bytes = files::read_verified(&dir, entry)?;
-        let model = weights::overwrite::<B, M>(model, &dir.join(entry.defined_name()), &bytes)?;
+        let ids: Vec<_> = ddp.params().iter().map(|p| p.id).collect();
+        let shards = ddp.param_shards();
+        let (master, flat);
+        let trainable = match (&shards, manifest.weights) {
+            // A sharded model keeps its handles; the values go into this rank's pieces.
+            (Some(shards), weights) => weights::Trainable::IntoPieces {
+                shards,
+                from_file: weights == Weights::ModelFile,
+            },
+            (None, Weights::ModelFile) => weights::Trainable::FromFile,
+            // A stage-3 checkpoint into a whole model: the values are the master weights.
+            (None, Weights::MasterShards) => {
+                master = join_shards(&dir, &manifest, |shard| [&shard.master])?
+                    .pop()
+                    .expect("one part");
+                flat = FlatLayout::new(&manifest.layout.numels, 1, 1);
+                weights::Trainable::FromMaster {
+                    master: &master,
+                    layout: &flat,
+                }
+            }
+        };
+        let restore = weights::Restore {
+            ids: &ids,
+            trainable,
+        };
+        let model =
+            weights::overwrite::<B, M>(model, &dir.join(entry.defined_name()), &bytes, restore)?;
         let part = optimizer(&dir, &manifest)?;
         Ok((dir, manifest, model, part))
     })();
@@ -409,27 +441,42 @@ pub fn read_full(path: impl AsRef<Path>) -> Result<FullState> {
     let dir = resolve(path)?;
     let manifest = Manifest::read(&dir)?;
     expect_optimizer(&dir, &manifest, OptimizerState::Shards)?;
-    let total = manifest.layout.total;
-    let mut full = FullState {
-        master: Vec::with_capacity(total),
-        m: Vec::with_capacity(total),
-        v: Vec::with_capacity(total),
-        time: Vec::new(),
-        skipped: 0,
+    let (mut time, mut skipped) = (Vec::new(), 0);
+    let [master, m, v]: [Vec<f32>; 3] = join_shards(&dir, &manifest, |shard| {
+        if shard.rank == 0 {
+            (time, skipped) = (shard.time.clone(), shard.skipped);
+        }
+        [&shard.master, &shard.m, &shard.v]
+    })?
+    .try_into()
+    .expect("three parts");
+    Ok(FullState {
         manifest,
-    };
-    for rank in 0..full.manifest.world_size {
-        let shard = read_shard(&dir, &full.manifest, rank)?;
-        let keep = shard.layout.shard_len.min(total - full.master.len());
-        full.master.extend_from_slice(&shard.master[..keep]);
-        full.m.extend_from_slice(&shard.m[..keep]);
-        full.v.extend_from_slice(&shard.v[..keep]);
-        if rank == 0 {
-            full.time = shard.time;
-            full.skipped = shard.skipped;
+        master,
+        m,
+        v,
+        time,
+        skipped,
+    })
+}
+
+/// The parts of every saved shard that `parts` picks (say, the master weights), each joined
+/// over the ranks in order into `total` elements, padding dropped. One shard is read at a time.
+fn join_shards<const N: usize>(
+    dir: &Path,
+    manifest: &Manifest,
+    mut parts: impl FnMut(&OptimizerShard) -> [&Vec<f32>; N],
+) -> Result<Vec<Vec<f32>>> {
+    let total = manifest.layout.total;
+    let mut joined = vec![Vec::with_capacity(total); N];
+    for rank in 0..manifest.world_size {
+        let shard = read_shard(dir, manifest, rank)?;
+        let keep = shard.layout.shard_len.min(total - joined[0].len());
+        for (out, part) in joined.iter_mut().zip(parts(&shard)) {
+            out.extend_from_slice(&part[..keep]);
         }
     }
-    Ok(full)
+    Ok(joined)
 }
 
 /// Verifies the size and checksum of every file of the checkpoint at `path`; returns its

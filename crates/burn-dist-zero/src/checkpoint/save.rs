@@ -15,7 +15,7 @@ use super::agreement::{agree, gather_u64s};
 use super::error::{CheckpointError, Result, SaveStage};
 use super::manifest::{
     self, FORMAT_VERSION, FileEntry, LayoutEntry, MANIFEST, MODEL_FILE, Manifest, OPTIMIZER_FILE,
-    OptimizerState, ParamEntry,
+    OptimizerState, ParamEntry, Weights,
 };
 use super::{TrainingState, fault_points, files, shard_file, step_dir, weights};
 use crate::ZeroAdam;
@@ -63,6 +63,15 @@ where
     M: AutodiffModule<B>,
     O: Optimizer<M, B>,
 {
+    if ddp.param_shards().is_some() {
+        // Every rank refuses alike, before anything is written.
+        return Err(CheckpointError::Mismatch {
+            dir: root.as_ref().to_path_buf(),
+            reason: "the model's parameters are sharded (ZeRO stage 3), which only ZeroAdam \
+                     trains: save it with `checkpoint::save`"
+                .into(),
+        });
+    }
     // Encoded here, but a failure is reported in the write stage, where every rank agrees on it.
     let record = (ddp.rank() == 0).then(|| {
         BinBytesRecorder::<FullPrecisionSettings>::default()
@@ -171,6 +180,16 @@ fn save_stages<B: Backend, M: Module<B>>(
             FlatLayout::new(&numels, ddp.world_size(), 1)
         }
     };
+    // ZeRO stage 3: no rank holds the sharded parameters whole; their values are the shards'
+    // master weights, and the model file holds the other tensors.
+    let sharded: Vec<_> = ddp
+        .param_shards()
+        .map(|shards| shards.params().iter().map(|p| p.id).collect())
+        .unwrap_or_default();
+    let weights = match sharded.is_empty() {
+        true => Weights::ModelFile,
+        false => Weights::MasterShards,
+    };
     let written = (|| {
         let (size, crc) = match &optimizer {
             OptimizerPart::Shards(zero) => {
@@ -190,7 +209,7 @@ fn save_stages<B: Backend, M: Module<B>>(
         };
         fault_points::pause_point("after-shard", rank, step);
         let model_entry = if rank == 0 {
-            let (entry, bytes) = model_file::<B, M>(dir, model, step)?;
+            let (entry, bytes) = model_file::<B, M>(dir, model, step, &sharded)?;
             write(MODEL_FILE, "model", &bytes)?;
             Some(entry)
         } else {
@@ -233,6 +252,7 @@ fn save_stages<B: Backend, M: Module<B>>(
                 scaler: state.scaler,
                 random: state.random,
                 optimizer: kind,
+                weights,
                 layout: LayoutEntry::of(&layout),
                 buckets: ddp.next_layout().bucket_params(),
                 params: ddp.params().iter().map(param_entry).collect(),
@@ -319,17 +339,19 @@ fn prepare_dir(root: &Path, dir: &Path) -> Result<()> {
     Ok(())
 }
 
-/// The model's safetensors bytes and their manifest entry.
+/// The model's safetensors bytes (every float tensor but the sharded parameters `sharded`) and
+/// their manifest entry.
 fn model_file<B: Backend, M: Module<B>>(
     dir: &Path,
     model: &M,
     step: u64,
+    sharded: &[burn::module::ParamId],
 ) -> Result<(FileEntry, Vec<u8>)> {
     let metadata = HashMap::from([
         ("producer".to_string(), "burn-dist".to_string()),
         ("step".to_string(), step.to_string()),
     ]);
-    let bytes = weights::collect::<B, M>(model)
+    let bytes = weights::collect::<B, M>(model, sharded)
         .serialize(metadata)
         .map_err(|reason| CheckpointError::corrupt(dir.join(MODEL_FILE), reason))?;
     let (size, crc) = files::fingerprint(&bytes);

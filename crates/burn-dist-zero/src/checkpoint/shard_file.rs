@@ -60,9 +60,27 @@ pub fn encode(shard: &OptimizerShard) -> Vec<u8> {
     out
 }
 
-/// Parses a shard file read from `path`; `align` is unknown and irrelevant here (the layout's
-/// shard length already includes it).
-pub fn decode(path: &Path, bytes: &[u8]) -> Result<OptimizerShard> {
+/// What a shard file's fixed header says, checked against the file's length.
+pub(crate) struct Header {
+    pub rank: usize,
+    pub world: usize,
+    /// Parameters, elements per shard, total elements, skipped steps.
+    pub n: u64,
+    pub s: u64,
+    pub total: u64,
+    pub skipped: u64,
+}
+
+impl Header {
+    /// Where the master weights start in the file (the header and the per-parameter arrays
+    /// come before them).
+    pub fn master_offset(&self) -> u64 {
+        HEADER_LEN as u64 + 12 * self.n
+    }
+}
+
+/// Parses the fixed header of a shard file of `len` bytes whose first bytes are `bytes`.
+pub(crate) fn header(path: &Path, bytes: &[u8], len: u64) -> Result<Header> {
     let corrupt = |reason: String| CheckpointError::corrupt(path, reason);
     if bytes.len() < HEADER_LEN {
         return Err(corrupt(format!(
@@ -89,13 +107,34 @@ pub fn decode(path: &Path, bytes: &[u8]) -> Result<OptimizerShard> {
     let expected = (n.checked_mul(12))
         .and_then(|a| s.checked_mul(12).and_then(|b| a.checked_add(b)))
         .and_then(|a| a.checked_add(header_len as u64));
-    if header_len != HEADER_LEN || expected != Some(bytes.len() as u64) {
+    if header_len != HEADER_LEN || expected != Some(len) {
         return Err(corrupt(format!(
-            "{} bytes, but its header ({n} parameters, {s} elements per shard) needs {} (truncated or corrupt)",
-            bytes.len(),
+            "{len} bytes, but its header ({n} parameters, {s} elements per shard) needs {} (truncated or corrupt)",
             expected.map_or("more".into(), |e| e.to_string())
         )));
     }
+    Ok(Header {
+        rank,
+        world,
+        n,
+        s,
+        total,
+        skipped,
+    })
+}
+
+/// Parses a shard file read from `path`; `align` is unknown and irrelevant here (the layout's
+/// shard length already includes it).
+pub fn decode(path: &Path, bytes: &[u8]) -> Result<OptimizerShard> {
+    let corrupt = |reason: String| CheckpointError::corrupt(path, reason);
+    let Header {
+        rank,
+        world,
+        n,
+        s,
+        total,
+        skipped,
+    } = header(path, bytes, bytes.len() as u64)?;
     let (n, s) = (n as usize, s as usize);
     let mut at = HEADER_LEN;
     let mut take = |len: usize| {

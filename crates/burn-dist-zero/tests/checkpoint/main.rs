@@ -5,13 +5,16 @@
 
 mod any_optimizer;
 mod disk;
+mod stage3;
 mod untrusted;
 
 use std::path::{Path, PathBuf};
 
 use burn::backend::Autodiff;
 use burn::tensor::Tensor;
-use burn_dist::{Ddp, DdpConfig, DistributedBackend, GradScalerConfig};
+use burn_dist::{
+    Ddp, DdpConfig, DistributedAutodiff, DistributedBackend, GradScalerConfig, Sharded,
+};
 use burn_dist_comm::testing::run_ranks;
 use burn_dist_comm::{CommConfig, HostCommunicator};
 use burn_dist_testing::{MLP_SIZES, Mlp, assert_close, parameters, shard_rows, synthetic_rows};
@@ -32,11 +35,15 @@ const SEED: u64 = 7;
 /// Fresh models of resumed runs start elsewhere, to prove the state comes from the files.
 const OTHER_SEED: u64 = 99;
 
-fn loss(model: &Mlp<B>, step: u64, rows: std::ops::Range<usize>) -> Tensor<B, 1> {
+fn loss<Bk: DistributedAutodiff<Device = FlexDevice>>(
+    model: &Mlp<Bk>,
+    step: u64,
+    rows: std::ops::Range<usize>,
+) -> Tensor<Bk, 1> {
     let [input, .., output] = MLP_SIZES;
     let step = step as usize;
-    let x = synthetic_rows::<B, 2>(0, step, [GLOBAL_BATCH, input], rows.clone(), &FlexDevice);
-    let y = synthetic_rows::<B, 2>(1, step, [GLOBAL_BATCH, output], rows, &FlexDevice);
+    let x = synthetic_rows::<Bk, 2>(0, step, [GLOBAL_BATCH, input], rows.clone(), &FlexDevice);
+    let y = synthetic_rows::<Bk, 2>(1, step, [GLOBAL_BATCH, output], rows, &FlexDevice);
     (model.forward(x) - y).powi_scalar(2).mean()
 }
 
@@ -78,6 +85,8 @@ struct Plan<'a> {
     fault: Option<(usize, &'a str)>,
     /// Every rank saves under its own `<root>/rank-<r>`, as nodes without a shared filesystem.
     private_roots: bool,
+    /// ZeRO stage (0 for the default, 1); at 3 the model is sharded too.
+    stage: u8,
 }
 
 /// 2 ranks train 2 steps and save a checkpoint of step 2 under `root`.
@@ -94,15 +103,25 @@ fn saved_at_step_2(root: &Path) -> Vec<Outcome> {
 /// Trains an MLP with ZeroAdam and a loss scaler on `plan.world` thread ranks, optionally
 /// resuming from a checkpoint first and saving on the way; stops at a failed save.
 fn train(plan: Plan<'_>) -> Vec<Outcome> {
+    match plan.stage {
+        3 => train_on::<Autodiff<DistributedBackend<Flex, Sharded>>>(plan),
+        _ => train_on::<B>(plan),
+    }
+}
+
+/// [`train`] on the backend `Bk` (its mode: replicated or sharded).
+fn train_on<Bk: DistributedAutodiff<Device = FlexDevice>>(plan: Plan<'_>) -> Vec<Outcome> {
     let world = plan.world;
     run_ranks(
         HostCommunicator::local_group(world, &CommConfig::default()),
         |rank, comm| {
             let mut ddp = Ddp::for_thread(comm, DdpConfig::new());
-            let mut model = ddp
-                .prepare(Mlp::<B>::new(&MLP_SIZES, plan.seed, &FlexDevice))
+            let model = Mlp::<Bk>::new(&MLP_SIZES, plan.seed, &FlexDevice);
+            let mut model = Bk::prepare_model(&mut ddp, model).unwrap();
+            let mut zero = ZeroAdamConfig::new()
+                .with_stage(plan.stage.max(1))
+                .init::<Bk, _>(&ddp, &model)
                 .unwrap();
-            let mut zero = ZeroAdamConfig::new().init::<B, _>(&ddp, &model).unwrap();
             let mut scaler = GradScalerConfig::new().with_growth_interval(2).init();
             let (mut start, mut snapshot, mut loaded, mut save_failure) = (0, None, None, None);
             if let Some((faulty, spec)) = plan.fault
@@ -121,8 +140,11 @@ fn train(plan: Plan<'_>) -> Vec<Outcome> {
             }
             for step in start..plan.until {
                 ddp.set_step(step);
-                let l =
-                    scaler.scale_loss(loss(&model, step, shard_rows(GLOBAL_BATCH, rank, world)));
+                let l = scaler.scale_loss(loss::<Bk>(
+                    &model,
+                    step,
+                    shard_rows(GLOBAL_BATCH, rank, world),
+                ));
                 let grads = ddp.backward(l, &model).unwrap().unwrap();
                 model = zero
                     .step_scaled(1e-2, model, grads, &ddp, &mut scaler)
@@ -157,7 +179,7 @@ fn train(plan: Plan<'_>) -> Vec<Outcome> {
                 }
             }
             Outcome {
-                params: parameters::<B, _>(&model),
+                params: parameters::<Bk, _>(&model),
                 shard: zero.export(),
                 scaler: (scaler.scale(), scaler.growth_tracker()),
                 snapshot,

@@ -354,6 +354,28 @@ impl ParamShards {
         }
     }
 
+    /// Cuts this rank's piece of parameter `index` out of `full` (all of its values, in any
+    /// float dtype) and keeps it in the parameter's dtype: a full record or checkpoint loaded
+    /// into the sharded model, one parameter at a time. Nothing is communicated.
+    pub fn write_piece(&self, index: usize, full: TensorData) {
+        let Some(piece) = self
+            .layout
+            .pieces(self.rank())
+            .into_iter()
+            .find(|p| p.param == index)
+        else {
+            return; // this rank holds none of it
+        };
+        let info = &self.params[index];
+        let elem = info.dtype.size();
+        let bytes = full.convert_dtype(info.dtype).into_bytes();
+        let mine = &bytes[piece.within.start * elem..piece.within.end * elem];
+        match &mut *self.held_mut() {
+            Held::F32(shard) => copy_f32_bytes(&mut shard[piece.in_shard], mine),
+            Held::Pieces(pieces) => pieces[index] = mine.to_vec(),
+        }
+    }
+
     /// This rank's piece of parameter `index`, in its dtype (for a gather or a checkpoint).
     pub fn piece_bytes(&self, index: usize) -> Vec<u8> {
         match &*self.held() {
@@ -393,6 +415,14 @@ impl ParamShards {
             }
         }
     }
+}
+
+/// Copies the f32 values in `bytes` (little endian, of no particular alignment) into `out`.
+fn copy_f32_bytes(out: &mut [f32], bytes: &[u8]) {
+    let values = bytes
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes")));
+    out.iter_mut().zip(values).for_each(|(o, v)| *o = v);
 }
 
 /// Finds the first sharded parameter that is not a whole handle of its own index.
