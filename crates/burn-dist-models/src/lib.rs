@@ -71,6 +71,34 @@ impl<B: Backend> ModuleMapper<B> for DeterministicInit {
     }
 }
 
+/// Gives every float parameter, in visit order, the next of `values` (f32, converted to the
+/// parameter's dtype), keeping ids and `require_grad`: a model holding values read elsewhere.
+pub struct SetValues {
+    values: std::vec::IntoIter<Vec<f32>>,
+}
+
+impl SetValues {
+    pub fn new(values: Vec<Vec<f32>>) -> Self {
+        SetValues {
+            values: values.into_iter(),
+        }
+    }
+}
+
+impl<B: Backend> ModuleMapper<B> for SetValues {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        let (id, tensor, mapper) = param.consume();
+        let values = self
+            .values
+            .next()
+            .expect("a value for every float parameter");
+        let data = TensorData::new(values, tensor.dims().to_vec()).convert_dtype(tensor.dtype());
+        let fresh = Tensor::from_data(data, (&tensor.device(), tensor.dtype()))
+            .set_require_grad(tensor.is_require_grad());
+        Param::from_mapped_value(id, fresh, mapper)
+    }
+}
+
 /// A three-layer perceptron.
 #[derive(Module, Debug)]
 pub struct Mlp<B: Backend> {

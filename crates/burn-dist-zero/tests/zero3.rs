@@ -137,3 +137,54 @@ fn gradient_checkpointing_changes_no_bit_of_ddp_stage_two_or_stage_three() {
         assert!(two == three, "{task:?}: stage 3 vs stage 2");
     }
 }
+
+/// A full Burn record (here of a model trained replicated, through Burn's recorder, as a user's
+/// saved `.bin` would be) loaded into a sharded model is resharded by preparing it again: the
+/// parameters are the record's, and the optimizer built for the earlier preparation refuses
+/// the model instead of stepping pieces that no longer serve it.
+#[test]
+fn a_full_record_loaded_into_a_sharded_model_is_resharded_by_preparing_it_again() {
+    use burn::module::Module;
+    use burn::record::{BinBytesRecorder, FullPrecisionSettings, Recorder};
+    use burn_dist::Ddp;
+    use burn_dist_comm::testing::run_ranks;
+    use burn_dist_comm::{CommConfig, HostCommunicator};
+    use burn_dist_testing::{MLP_SIZES, Mlp, parameters};
+
+    let recorder = BinBytesRecorder::<FullPrecisionSettings>::default();
+    let trained = train::<Replicated>(Synthetic::Mlp, 1, 1, &stage(2), 5).remove(0);
+    // The trained values, as a record: a fresh replicated model given them.
+    let source = Mlp::<Replicated>::new(&MLP_SIZES, 7, &FlexDevice)
+        .map(&mut burn_dist_testing::SetValues::new(trained.clone()));
+    let bytes = recorder.record(source.into_record(), ()).unwrap();
+
+    let comms = HostCommunicator::local_group(2, &CommConfig::default());
+    let outcomes = run_ranks(comms, |_, comm| {
+        let mut ddp = Ddp::for_thread(comm, ddp_config(1));
+        let model = ddp
+            .prepare_sharded(Mlp::<Stage3>::new(&MLP_SIZES, 99, &FlexDevice))
+            .unwrap();
+        let mut stale = stage(3).init::<Stage3, _>(&ddp, &model).unwrap();
+        let record = recorder
+            .load::<<Mlp<Stage3> as Module<Stage3>>::Record>(bytes.clone(), &FlexDevice)
+            .unwrap();
+        let model = ddp.prepare_sharded(model.load_record(record)).unwrap();
+        let values = parameters::<Stage3, _>(&model);
+        let refused = stale
+            .step(LR, model, burn::optim::GradientsParams::new(), &ddp)
+            .err()
+            .map(|e| e.to_string());
+        (values, refused)
+    });
+    for (rank, (values, refused)) in outcomes.into_iter().enumerate() {
+        assert!(
+            values == trained,
+            "rank {rank}: the resharded values are not the record's"
+        );
+        let refused = refused.expect("the stale optimizer stepped");
+        assert!(
+            refused.contains("build its optimizer again"),
+            "rank {rank}: {refused}"
+        );
+    }
+}

@@ -173,7 +173,8 @@ pub enum DistError {
          (a write into a sharded parameter: slice_assign, a ModuleMapper storing a new tensor, \
          or a stock Burn optimizer's step). Under ZeRO stage 3 only ZeroAdam (stage 3) updates \
          the parameters; to load new values into a sharded model, call `Ddp::prepare_sharded` \
-         on it again"
+         on it again, and build its optimizer again (the handles of an earlier preparation \
+         count as replaced)"
     )]
     ShardReplaced {
         rank: usize,

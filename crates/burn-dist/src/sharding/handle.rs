@@ -70,6 +70,11 @@ impl<B: Backend> ParamHandle<B> {
         self.index
     }
 
+    /// Which rank's [`ParamShards`] it refers to, as an address (to tell preparations apart).
+    pub fn shards_address(&self) -> usize {
+        Arc::as_ptr(&self.shards) as usize
+    }
+
     /// Whether it is the parameter itself, not a view of it.
     pub fn is_whole(&self) -> bool {
         self.views.is_empty()

@@ -300,6 +300,7 @@ fn probe<X: Backend>(primitive: &dyn Any) -> Option<Holding> {
             ShardedFloat::Param(handle) => Holding::Handle {
                 index: handle.index(),
                 whole: handle.is_whole(),
+                shards: handle.shards_address(),
             },
         })
 }

@@ -62,8 +62,13 @@ pub struct ShardStats {
 /// What a model's parameter tensor holds, as [`ParamShards::holding`] sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Holding {
-    /// A handle to sharded parameter `index`, seen whole (`whole`) or through views.
-    Handle { index: usize, whole: bool },
+    /// A handle to sharded parameter `index` of the [`ParamShards`] at address `shards`, seen
+    /// whole (`whole`) or through views.
+    Handle {
+        index: usize,
+        whole: bool,
+        shards: usize,
+    },
     /// A full local tensor.
     Local,
 }
@@ -441,7 +446,14 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for CheckHandles<'_> {
         };
         let primitive = param.val().inner().into_primitive().tensor();
         let holds = self.shards.holding(&primitive);
-        if holds != Some(Holding::Handle { index, whole: true }) {
+        // A handle of another `ParamShards` is one of an earlier preparation of the model, whose
+        // pieces this rank's optimizer no longer steps.
+        let own = Holding::Handle {
+            index,
+            whole: true,
+            shards: self.shards as *const ParamShards as usize,
+        };
+        if holds != Some(own) {
             self.found = Some(index);
         }
     }
