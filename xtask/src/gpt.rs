@@ -13,7 +13,7 @@ const WARMUP_STEPS: u64 = 100;
 /// Largest allowed growth of any rank's resident memory after warm-up.
 const RSS_TOLERANCE: f64 = 0.05;
 
-fn build_release() -> Result<std::path::PathBuf, String> {
+pub(crate) fn build_release() -> Result<std::path::PathBuf, String> {
     cargo(&[
         "build",
         "--release",
@@ -145,7 +145,7 @@ fn check_flat_memory(metrics: &Path) -> Result<(), String> {
 }
 
 /// The number right after `key` in a JSON line.
-fn number_after(line: &str, key: &str) -> Option<f64> {
+pub(crate) fn number_after(line: &str, key: &str) -> Option<f64> {
     let rest = &line[line.find(key)? + key.len()..];
     let end = rest
         .find(|c: char| !(c.is_ascii_digit() || matches!(c, '.' | '-' | 'e' | 'E' | '+')))
@@ -154,7 +154,7 @@ fn number_after(line: &str, key: &str) -> Option<f64> {
 }
 
 /// The numbers of the JSON array that starts right after `key`.
-fn list_after(line: &str, key: &str) -> Option<Vec<f64>> {
+pub(crate) fn list_after(line: &str, key: &str) -> Option<Vec<f64>> {
     let rest = &line[line.find(key)? + key.len()..];
     let inner = &rest[..rest.find(']')?];
     inner.split(',').map(|v| v.trim().parse().ok()).collect()

@@ -116,7 +116,7 @@ pub fn bench_host_step(args: &[String]) -> Result<(), String> {
 }
 
 /// A python with torch: the venv's, made (torch from PyPI) when torch does not import there.
-fn torch_python() -> Result<PathBuf, String> {
+pub(crate) fn torch_python() -> Result<PathBuf, String> {
     let venv = std::env::var_os("BURN_DIST_TORCH_VENV")
         .map(PathBuf::from)
         .unwrap_or_else(|| super::target_dir().join("torch-venv"));

@@ -8,6 +8,7 @@ mod gpu_check;
 mod host_step;
 mod mutants;
 mod prerequisites;
+mod zero3_bench;
 
 const USAGE: &str = "\
 usage: cargo xtask <task>
@@ -50,7 +51,11 @@ tasks:
                 ZeroAdam's host step (vectorized, multi-threaded) beside PyTorch's CPU
                 AdamW (foreach and fused), same sizes and threads, alternately N times
                 (default 3); installs torch from PyPI into a venv when missing; never in
-                CI (see docs/perf/host-step.md)";
+                CI (see docs/perf/host-step.md)
+  bench-zero3 [--steps N]
+                the GPT-2 124M shape on 4 ranks: peak memory per rank and step time of
+                Burn's AdamW, ZeroAdam stages 1, 2 and 3, and PyTorch FSDP2 (torch from
+                PyPI in a venv), one after the other; never in CI (docs/perf/zero3.md)";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -70,6 +75,7 @@ fn main() -> ExitCode {
             .and_then(|()| cargo(&["bench", "-p", "burn-dist-benches"])),
         Some("gpu-check") => gpu_check::gpu_check(&args[1..]),
         Some("bench-host-step") => host_step::bench_host_step(&args[1..]),
+        Some("bench-zero3") => zero3_bench::bench_zero3(&args[1..]),
         Some("pretrain") => gpt::pretrain(&args[1..]),
         Some("soak") => gpt::soak().and_then(|()| chaos(args.get(1).map_or("600", String::as_str))),
         Some("bench-overhead") => match args.get(1).map_or(Ok(6), |r| r.parse::<usize>()) {

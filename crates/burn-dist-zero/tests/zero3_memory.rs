@@ -206,3 +206,34 @@ fn a_parameter_used_through_a_view_is_held_only_inside_its_ops() {
         assert_eq!(backward.peak_live_bytes, bytes);
     });
 }
+
+/// An op that reads a parameter only for its shape gets a stand-in, not a gather: the
+/// embedding's backward (`embedding_backward`'s `weights`, the generator's `METADATA_ONLY`
+/// list) costs no gather, so an embedding is gathered once per step, by its forward. (That
+/// the gradient is still right is what the bitwise GPT tests check.)
+#[test]
+fn the_embeddings_backward_reads_its_shape_only_and_gathers_nothing() {
+    use burn::nn::{Embedding, EmbeddingConfig};
+    use burn::tensor::Int;
+    let comms = HostCommunicator::local_group(2, &CommConfig::default());
+    run_ranks(comms, |rank, comm| {
+        let mut ddp = Ddp::for_thread(comm, DdpConfig::new());
+        let model: Embedding<S3> = ddp
+            .prepare_sharded(EmbeddingConfig::new(50, 8).init(&FlexDevice))
+            .unwrap();
+        let tokens = Tensor::<S3, 2, Int>::from_data([[1, 2, 3], [4, 5, 1]], &FlexDevice);
+        let loss = model.forward(tokens).powi_scalar(2).sum();
+        assert_eq!(
+            ddp.shard_stats().unwrap().gathers,
+            1,
+            "rank {rank}: forward"
+        );
+        let _grads = ddp.backward(loss, &model).unwrap().unwrap();
+        let stats = ddp.shard_stats().unwrap();
+        assert_eq!(
+            stats.gathers, 1,
+            "rank {rank}: backward gathered the embedding"
+        );
+        assert_eq!(stats.reads, 0);
+    });
+}

@@ -105,6 +105,7 @@ impl GptConfig {
     pub fn init<B: Backend>(&self, seed: u64, device: &B::Device) -> Gpt<B> {
         let mut init = Init {
             rng: SplitMix64::new(seed),
+            drawn: 0,
             device: device.clone(),
         };
         let d = self.d_model;
@@ -143,20 +144,36 @@ impl GptConfig {
 }
 
 /// Seeded GPT-2 initialization: every tensor takes the next values of one normal stream.
+///
+/// The parameters are lazy, as Burn's own initializers make them: each is drawn when first
+/// used (from where the stream would be after the tensors before it, so the values do not
+/// depend on the order), which lets `Ddp::prepare_sharded` build a ZeRO stage-3 model one
+/// parameter at a time, never holding it whole.
 struct Init<B: Backend> {
     rng: SplitMix64,
+    /// Normal values the tensors so far take.
+    drawn: u64,
     device: B::Device,
 }
 
 impl<B: Backend> Init<B> {
     fn normal<const D: usize>(&mut self, shape: [usize; D], std: f64) -> Param<Tensor<B, D>> {
-        let values: Vec<f32> = (0..shape.iter().product())
-            .map(|_| (self.rng.normal() * std) as f32)
-            .collect();
-        Param::from_tensor(Tensor::from_data(
-            TensorData::new(values, shape),
-            &self.device,
-        ))
+        let count: usize = shape.iter().product();
+        // Each normal value takes two draws of the stream (`SplitMix64::normal`).
+        let start = self.rng.skipped(2 * self.drawn);
+        self.drawn += count as u64;
+        let draw = move |device: &B::Device, require_grad: bool| {
+            let mut rng = start.clone();
+            let values: Vec<f32> = (0..count).map(|_| (rng.normal() * std) as f32).collect();
+            Tensor::from_data(TensorData::new(values, shape), device).set_require_grad(require_grad)
+        };
+        Param::uninitialized(
+            burn::module::ParamId::new(),
+            draw,
+            self.device.clone(),
+            true,
+            shape.into(),
+        )
     }
 
     fn linear(&mut self, d_in: usize, d_out: usize, std: f64) -> Linear<B> {

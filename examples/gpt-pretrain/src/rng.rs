@@ -2,6 +2,9 @@
 //! the synthetic corpus): SplitMix64, a fixed algorithm, so a seed means the same model and the
 //! same corpus in every build and on every machine.
 
+/// SplitMix64's increment of the state per draw.
+const GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
+
 #[derive(Debug, Clone)]
 pub struct SplitMix64 {
     state: u64,
@@ -12,8 +15,16 @@ impl SplitMix64 {
         SplitMix64 { state: seed }
     }
 
+    /// The stream as it is after `draws` more calls of [`next_u64`](Self::next_u64), without
+    /// making them: each call adds one constant to the state.
+    pub fn skipped(&self, draws: u64) -> Self {
+        SplitMix64 {
+            state: self.state.wrapping_add(draws.wrapping_mul(GAMMA)),
+        }
+    }
+
     pub fn next_u64(&mut self) -> u64 {
-        self.state = self.state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        self.state = self.state.wrapping_add(GAMMA);
         let mut z = self.state;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
@@ -30,7 +41,8 @@ impl SplitMix64 {
         (self.next_u64() % n as u64) as usize
     }
 
-    /// Standard normal (Box–Muller; one value per call, the second is dropped for simplicity).
+    /// Standard normal (Box–Muller; one value per call from exactly two draws, the second value
+    /// is dropped for simplicity).
     pub fn normal(&mut self) -> f64 {
         let u1 = 1.0 - self.uniform(); // in (0, 1]: ln is finite
         let u2 = self.uniform();
@@ -41,6 +53,14 @@ impl SplitMix64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_skipped_stream_continues_where_the_draws_would_have_left_it() {
+        let mut drawn = SplitMix64::new(11);
+        let skipped = drawn.skipped(1000);
+        (0..1000).for_each(|_| _ = drawn.next_u64());
+        assert_eq!(drawn.next_u64(), skipped.clone().next_u64());
+    }
 
     #[test]
     fn normal_has_unit_moments() {

@@ -22,6 +22,7 @@
 //! | tag | type | into `B`'s op | out of it |
 //! |---|---|---|---|
 //! | `float` | `FloatTensor<Self>` | `P::enter` | `P::leave` |
+//! | `float_meta` | `FloatTensor<Self>`, read only for its shape, dtype, device | `P::enter_meta` | |
 //! | `float_opt` | `Option<FloatTensor<Self>>` | each `P::enter` | |
 //! | `floats` | `Vec<FloatTensor<Self>>` | each `P::enter` | each `P::leave` |
 //! | `(float, _)`, `(float, float)` | a pair | | `P::leave` on the floats |
@@ -97,6 +98,9 @@ macro_rules! forward {
     // An argument on its way into `B`'s op.
     (@enter [] $arg:ident) => { $arg };
     (@enter [float] $arg:ident) => { <P as $crate::backend::mode::Mode<B>>::enter($arg) };
+    (@enter [float_meta] $arg:ident) => {
+        <P as $crate::backend::mode::Mode<B>>::enter_meta($arg)
+    };
     (@enter [float_opt] $arg:ident) => {
         $arg.map(<P as $crate::backend::mode::Mode<B>>::enter)
     };

@@ -31,6 +31,11 @@ pub trait Mode<B: Backend>:
     /// A float argument of an op, as `B` takes it (a handle is gathered, its views replayed).
     fn enter(tensor: Self::Float) -> B::FloatTensorPrimitive;
 
+    /// A float argument that `B`'s op reads only for its shape, dtype and device (the
+    /// generator's list `METADATA_ONLY`): a handle passes as a one-element stand-in of its
+    /// shape, not gathered.
+    fn enter_meta(tensor: Self::Float) -> B::FloatTensorPrimitive;
+
     /// A float result of one of `B`'s ops.
     fn leave(tensor: B::FloatTensorPrimitive) -> Self::Float;
 
@@ -81,6 +86,11 @@ impl<B: Backend> Mode<B> for Replicated {
 
     #[inline(always)]
     fn enter(tensor: Self::Float) -> B::FloatTensorPrimitive {
+        tensor
+    }
+
+    #[inline(always)]
+    fn enter_meta(tensor: Self::Float) -> B::FloatTensorPrimitive {
         tensor
     }
 

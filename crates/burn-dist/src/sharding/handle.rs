@@ -109,6 +109,14 @@ impl<B: Backend> ParamHandle<B> {
         self
     }
 
+    /// A tensor of `B` with the handle's shape, dtype and device and one element of memory
+    /// (zeros, expanded), for an op that reads only those.
+    pub(crate) fn stand_in(&self) -> B::FloatTensorPrimitive {
+        let one = Shape::from(vec![1; self.shape.num_dims()]);
+        let dtype = burn_backend::FloatDType::from(self.dtype);
+        B::float_expand(B::float_zeros(one, &self.device, dtype), self.shape.clone())
+    }
+
     /// Gathers the parameter from every rank's piece and replays the views: `B`'s tensor, for
     /// an op (live until it returns) or a read.
     pub(crate) fn materialize(self, wanted: Use) -> B::FloatTensorPrimitive {

@@ -109,6 +109,13 @@ impl<B: Backend> Mode<B> for Sharded {
         }
     }
 
+    fn enter_meta(tensor: Self::Float) -> B::FloatTensorPrimitive {
+        match tensor {
+            ShardedFloat::Local(tensor) => tensor,
+            ShardedFloat::Param(handle) => handle.stand_in(),
+        }
+    }
+
     #[inline]
     fn leave(tensor: B::FloatTensorPrimitive) -> Self::Float {
         ShardedFloat::Local(tensor)

@@ -13,7 +13,7 @@ forward! {
     by_hand [] {}
     // @generated begin
     fn embedding(weights: FloatTensor<Self> => float, indices: IntTensor<Self>) -> FloatTensor<Self> => float;
-    fn embedding_backward(weights: FloatTensor<Self> => float, output_grad: FloatTensor<Self> => float, indices: IntTensor<Self>) -> FloatTensor<Self> => float;
+    fn embedding_backward(weights: FloatTensor<Self> => float_meta, output_grad: FloatTensor<Self> => float, indices: IntTensor<Self>) -> FloatTensor<Self> => float;
     fn linear(x: FloatTensor<Self> => float, weight: FloatTensor<Self> => float, bias: Option<FloatTensor<Self>> => float_opt) -> FloatTensor<Self> => float;
     fn linear_x_backward(weight: FloatTensor<Self> => float, output_grad: FloatTensor<Self> => float) -> FloatTensor<Self> => float;
     fn linear_weight_backward(x: FloatTensor<Self> => float, output_grad: FloatTensor<Self> => float) -> FloatTensor<Self> => float;

@@ -1,0 +1,224 @@
+//! `cargo xtask bench-zero3`: the GPT-2 124M shape on 4 ranks of this machine, one after the
+//! other in one run, each rank's peak resident memory and the step time, for Burn's AdamW
+//! (replicated), ZeroAdam at stages 1, 2 and 3 (gpt-pretrain through burn-dist-run) and
+//! PyTorch FSDP2 (`benches/torch/fsdp2_gpt.py` under torchrun, gloo, torch from PyPI in a venv:
+//! see `host_step::torch_python`). Never part of CI. The figures go to docs/perf/zero3.md.
+
+use std::process::Command;
+
+use crate::gpt::{build_release, list_after, number_after};
+use crate::host_step::torch_python;
+use crate::{run, target_dir, workspace_root};
+
+const WORLD: usize = 4;
+/// Sequences of the global batch (one per rank) and tokens per sequence.
+const BATCH: usize = 4;
+const CONTEXT: usize = 64;
+
+/// One configuration's figures.
+struct Figures {
+    name: String,
+    /// Median wall time of the timed steps, s.
+    step_s: f64,
+    /// Every rank's peak resident memory (VmHWM), MiB.
+    peak_mib: Vec<f64>,
+    /// What the runtime alone holds (PyTorch: torch imported, process group up), MiB.
+    baseline_mib: Option<f64>,
+}
+
+pub fn bench_zero3(args: &[String]) -> Result<(), String> {
+    let steps: usize = match args {
+        [] => 6,
+        [flag, n] if flag == "--steps" => n
+            .parse()
+            .ok()
+            .filter(|&n| n >= 3)
+            .ok_or("bench-zero3: --steps takes a number of at least 3")?,
+        _ => return Err("usage: cargo xtask bench-zero3 [--steps N]".into()),
+    };
+    let bin = build_release()?;
+    let python = torch_python()?;
+    let mut all = Vec::new();
+    for (name, flags) in [
+        ("Burn AdamW, replicated", &["--optimizer", "adamw"][..]),
+        ("ZeroAdam stage 1", &["--zero-stage", "1"][..]),
+        ("ZeroAdam stage 2", &["--zero-stage", "2"][..]),
+        ("ZeroAdam stage 3", &["--zero-stage", "3"][..]),
+    ] {
+        let dir = target_dir()
+            .join("bench-zero3")
+            .join(name.replace([' ', ','], "-"));
+        let _ = std::fs::remove_dir_all(&dir);
+        run(Command::new(bin.join("burn-dist-run"))
+            .args([
+                "--nproc-per-node",
+                &WORLD.to_string(),
+                "--master-port",
+                "0",
+                "--",
+            ])
+            .arg(bin.join("gpt-pretrain"))
+            .args(["--model", "gpt2-124m", "--synthetic-vocab", "50304"])
+            .args([
+                "--context",
+                &CONTEXT.to_string(),
+                "--global-batch",
+                &BATCH.to_string(),
+            ])
+            .args([
+                "--steps",
+                &steps.to_string(),
+                "--warmup",
+                "1",
+                "--eval-every",
+                "0",
+            ])
+            .args([
+                "--eval-sequences",
+                &BATCH.to_string(),
+                "--log-every",
+                "1",
+                "--no-plot",
+            ])
+            .args(flags)
+            .arg("--run-dir")
+            .arg(&dir))?;
+        all.push(ours(name, &dir.join("metrics.jsonl"), steps)?);
+    }
+    all.push(fsdp2(&python, steps)?);
+    print_table(&all, steps);
+    Ok(())
+}
+
+/// Timed steps: not the first (kernel warm-up, first allocations) nor the last (gpt-pretrain
+/// evaluates after it).
+fn timed(step: usize, steps: usize) -> bool {
+    step > 1 && step < steps
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+/// A gpt-pretrain run's figures from its metrics.
+fn ours(name: &str, metrics: &std::path::Path, steps: usize) -> Result<Figures, String> {
+    let text = std::fs::read_to_string(metrics)
+        .map_err(|e| format!("reading {}: {e}", metrics.display()))?;
+    let tokens = (BATCH * CONTEXT) as f64;
+    let (mut times, mut peak_mib) = (Vec::new(), Vec::new());
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let step = number_after(line, "\"step\":").ok_or("a record without a step")? as usize;
+        if timed(step, steps) {
+            times.push(tokens / number_after(line, "\"tokens_per_s\":").ok_or("no tokens_per_s")?);
+        }
+        if let Some(peaks) = list_after(line, "\"peak_rss_mib\":[") {
+            peak_mib = peaks;
+        }
+    }
+    Ok(Figures {
+        name: name.into(),
+        step_s: median(times),
+        peak_mib,
+        baseline_mib: None,
+    })
+}
+
+/// FSDP2's figures, from the lines its ranks print.
+fn fsdp2(python: &std::path::Path, steps: usize) -> Result<Figures, String> {
+    let script = workspace_root().join("benches/torch/fsdp2_gpt.py");
+    let out = Command::new(python)
+        .args([
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            &WORLD.to_string(),
+        ])
+        .arg(script)
+        .args([
+            "--context",
+            &CONTEXT.to_string(),
+            "--batch",
+            &(BATCH / WORLD).to_string(),
+        ])
+        .args(["--steps", &steps.to_string()])
+        .env("OMP_NUM_THREADS", "1")
+        .output()
+        .map_err(|e| format!("running torchrun: {e}"))?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        return Err(format!(
+            "FSDP2 run failed ({}):\n{stdout}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    let mut ranks: Vec<(usize, f64, f64, Vec<f64>)> = Vec::new();
+    for line in stdout.lines().filter(|l| l.starts_with("fsdp2 rank ")) {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let field = |key: &str| {
+            words
+                .iter()
+                .position(|w| *w == key)
+                .and_then(|i| words.get(i + 1))
+                .ok_or_else(|| format!("no {key} in {line:?}"))
+        };
+        let number = |key: &str| -> Result<f64, String> {
+            field(key)?
+                .parse()
+                .map_err(|e| format!("{key} in {line:?}: {e}"))
+        };
+        let times = field("step_s")?
+            .split(',')
+            .map(|t| t.parse::<f64>().map_err(|e| format!("{t}: {e}")))
+            .collect::<Result<Vec<_>, _>>()?;
+        ranks.push((
+            number("rank")? as usize,
+            number("baseline_mib")?,
+            number("peak_mib")?,
+            times,
+        ));
+    }
+    ranks.sort_by_key(|r| r.0);
+    if ranks.len() != WORLD {
+        return Err(format!(
+            "FSDP2 printed {} rank lines:\n{stdout}",
+            ranks.len()
+        ));
+    }
+    // The ranks synchronize every step (a barrier ends it): rank 0's times are the job's.
+    let times = ranks[0]
+        .3
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| timed(i + 1, steps))
+        .map(|(_, t)| *t)
+        .collect();
+    Ok(Figures {
+        name: "PyTorch FSDP2 (gloo)".into(),
+        step_s: median(times),
+        peak_mib: ranks.iter().map(|r| r.2).collect(),
+        baseline_mib: Some(ranks.iter().map(|r| r.1).fold(0.0, f64::max)),
+    })
+}
+
+fn print_table(all: &[Figures], steps: usize) {
+    println!(
+        "GPT-2 124M shape (vocabulary 50304, context {CONTEXT}), {WORLD} ranks, global batch \
+         {BATCH}, steps 2-{} timed (median)",
+        steps - 1
+    );
+    println!("| configuration | step (s) | peak per rank (MiB) | max | runtime baseline (MiB) |");
+    println!("|---|---|---|---|---|");
+    for f in all {
+        let peaks: Vec<String> = f.peak_mib.iter().map(|p| format!("{p:.0}")).collect();
+        let max = f.peak_mib.iter().copied().fold(0.0, f64::max);
+        let baseline = f.baseline_mib.map_or("-".into(), |b| format!("{b:.0}"));
+        println!(
+            "| {} | {:.2} | {} | {max:.0} | {baseline} |",
+            f.name,
+            f.step_s,
+            peaks.join(" / ")
+        );
+    }
+}
