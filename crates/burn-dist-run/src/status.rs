@@ -17,6 +17,20 @@ pub fn describe(status: ExitStatus) -> String {
     format!("killed by {}{core}", describe_signal(signal))
 }
 
+/// [`describe`] for a rank that failed on its own (the launcher sent it nothing), with the
+/// likely cause of a SIGKILL nobody here sent: the kernel's out-of-memory killer.
+pub fn describe_failure(status: ExitStatus) -> String {
+    let described = describe(status);
+    if status.signal() == Some(libc::SIGKILL) {
+        return format!(
+            "{described}, which the launcher did not send: most often the kernel's \
+             out-of-memory killer (`dmesg` names it); the ranks need less memory (ZeRO stages \
+             2 and 3 shard the model states) or the machine more"
+        );
+    }
+    described
+}
+
 /// "signal 15 (SIGTERM)"; the number alone for signals without a well-known name.
 pub fn describe_signal(signal: i32) -> String {
     match signal_name(signal) {
@@ -76,6 +90,8 @@ mod tests {
     fn statuses_read_like_the_shell() {
         assert_eq!(describe(exited(3)), "exited with code 3");
         assert_eq!(describe(killed(9)), "killed by signal 9 (SIGKILL)");
+        assert!(describe_failure(killed(9)).contains("out-of-memory killer"));
+        assert_eq!(describe_failure(exited(3)), "exited with code 3");
         assert_eq!(
             describe(ExitStatus::from_raw(6 | 0x80)),
             "killed by signal 6 (SIGABRT), core dumped"

@@ -12,7 +12,7 @@ use crate::output::LastLine;
 use crate::restarts::{Failure, Outcome};
 use crate::signals::signal_group;
 use crate::spawn::Spawned;
-use crate::status::{describe, describe_signal, signal_name};
+use crate::status::{describe, describe_failure, describe_signal, signal_name};
 
 /// The launcher's message prefix.
 const ME: &str = "burn-dist-run";
@@ -263,7 +263,7 @@ impl Supervisor {
             "{ME}: rank {} (pid {}) failed first: {}; {plan}",
             failed.rank,
             failed.pid,
-            describe(failed.status.expect("a failed rank has a status"))
+            describe_failure(failed.status.expect("a failed rank has a status"))
         );
     }
 

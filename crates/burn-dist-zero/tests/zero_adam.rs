@@ -497,13 +497,30 @@ fn a_shard_of_another_rank_or_layout_is_refused() {
 fn an_unknown_stage_is_refused_by_name() {
     let (ddp, model) = one_rank_mlp();
     let Err(error) = ZeroAdamConfig::new()
+        .with_stage(4)
+        .init::<B, _>(&ddp, &model)
+    else {
+        panic!("stage 4 must be refused");
+    };
+    assert!(
+        error.to_string().contains("ZeRO stage 4 is not supported"),
+        "{error}"
+    );
+}
+
+/// Stage 3 needs a sharded model: a model `Ddp::prepare` prepared (replicated) is refused,
+/// naming the call that shards it.
+#[test]
+fn stage_three_on_a_replicated_model_is_refused_naming_prepare_sharded() {
+    let (ddp, model) = one_rank_mlp();
+    let Err(error) = ZeroAdamConfig::new()
         .with_stage(3)
         .init::<B, _>(&ddp, &model)
     else {
-        panic!("stage 3 must be refused");
+        panic!("stage 3 on a replicated model must be refused");
     };
     assert!(
-        error.to_string().contains("ZeRO stage 3 is not supported"),
+        error.to_string().contains("Ddp::prepare_sharded"),
         "{error}"
     );
 }

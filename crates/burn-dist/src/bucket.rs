@@ -19,6 +19,14 @@ pub struct BucketConfig {
     /// Cap of every other bucket.
     #[config(default = 26214400)]
     pub bucket_bytes: usize,
+    /// Under ZeRO stages 2 and 3 on the host path, the most bytes of bucket buffers launched
+    /// and not yet reduced: past it, the backward waits for the oldest reductions before it
+    /// goes on. When the reductions are slower than the backward (ranks sharing few cores, a
+    /// slow network), the buffers would otherwise pile up to the size of the whole gradient.
+    /// `None`: no bound, which is the default at stage 2; `Ddp::prepare_sharded` (stage 3)
+    /// sets 2 × `bucket_bytes` when it is `None`.
+    #[config(default = "None")]
+    pub max_in_flight_bytes: Option<usize>,
 }
 
 /// Bytes per element of the gradient buffers (f32).
@@ -149,10 +157,9 @@ mod tests {
     use super::*;
 
     fn config(first: usize, rest: usize) -> BucketConfig {
-        BucketConfig {
-            first_bucket_bytes: first,
-            bucket_bytes: rest,
-        }
+        BucketConfig::new()
+            .with_first_bucket_bytes(first)
+            .with_bucket_bytes(rest)
     }
 
     #[test]

@@ -33,7 +33,7 @@ use std::sync::Arc;
 use burn::tensor::backend::distributed::DistributedParamId;
 use burn_dist_comm::{Communicator, HostBuffer, HostCommunicator, Pending, ReduceOp};
 
-use crate::bucket::{BucketConfig, Layout, complete_order};
+use crate::bucket::{BucketConfig, GRAD_ELEM_BYTES, Layout, complete_order};
 use crate::error::DistError;
 use crate::flat::FlatLayout;
 use crate::random::RandomStream;
@@ -659,7 +659,40 @@ impl Reducer {
             self.stats.collectives += 1;
             step.launched += 1;
         }
-        Ok(())
+        self.bound_in_flight()
+    }
+
+    /// Waits for the oldest launched reductions until the buffers still in flight fit in
+    /// `BucketConfig::max_in_flight_bytes` (sharded gradients on the host path: each finished
+    /// reduction frees its whole bucket and keeps this rank's segment).
+    fn bound_in_flight(&mut self) -> Result<(), DistError> {
+        let (Some(cap), Some(_), Store::Host(_)) =
+            (self.config.max_in_flight_bytes, &self.sharded, &self.store)
+        else {
+            return Ok(());
+        };
+        loop {
+            let step = self.step.as_ref().expect("a step in progress");
+            let in_flight = |b: &usize| step.pending[*b].is_some();
+            let bytes: usize = (0..step.launched)
+                .filter(in_flight)
+                .map(|b| self.layout.buckets[b].len * GRAD_ELEM_BYTES)
+                .sum();
+            let oldest = (0..step.launched).find(in_flight);
+            match oldest {
+                Some(b) if bytes > cap => {
+                    self.wait_bucket(b)?;
+                }
+                _ => return Ok(()),
+            }
+        }
+    }
+
+    /// Sets `BucketConfig::max_in_flight_bytes` to `buckets` full buckets when the user left
+    /// it unset.
+    pub(crate) fn default_in_flight(&mut self, buckets: usize) {
+        let bytes = buckets * self.config.bucket_bytes;
+        self.config.max_in_flight_bytes.get_or_insert(bytes);
     }
 
     /// Waits for bucket `b`'s reduction if it has been launched; returns whether it had been.

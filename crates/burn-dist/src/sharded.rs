@@ -153,10 +153,9 @@ mod tests {
     #[test]
     fn bucket_counts_split_each_bucket_at_the_shard_boundaries() {
         let numels = [5, 3, 8, 2, 7, 4];
-        let config = BucketConfig {
-            first_bucket_bytes: 40,
-            bucket_bytes: 60,
-        };
+        let config = BucketConfig::new()
+            .with_first_bucket_bytes(40)
+            .with_bucket_bytes(60);
         let layout = Layout::flat_ordered(&numels, &config);
         for world in 1..=4 {
             let flat = FlatLayout::new(&numels, world, 4);

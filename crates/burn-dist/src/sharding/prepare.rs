@@ -371,6 +371,9 @@ impl Ddp {
         });
         self.register_params(floats);
         self.shard_gradients(layout)?;
+        // One bucket being reduced while the next fills, as DeepSpeed's two reduce buffers:
+        // the buckets of a backward must not pile up to the size of the gradient.
+        crate::context::lock(&self.shared_reducer()).default_in_flight(2);
         self.shards = Some(shards);
         Ok(self.mark(model))
     }
