@@ -17,13 +17,13 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use burn::tensor::{DType, TensorData};
+use safetensors::SafeTensors;
 use safetensors::tensor::{Dtype, View};
-use safetensors::{SafeTensors, serialize_to_file};
 
 use super::error::{CheckpointError, Result};
 use super::manifest::{Manifest, Weights};
 use super::weights::safetensors_dtype;
-use super::{files, resolve, shard_file};
+use super::{files, resolve, safetensors_file, shard_file};
 use crate::FlatLayout;
 
 /// Writes the model of the checkpoint at `path` (a step directory or a root of them) to the
@@ -95,8 +95,8 @@ fn write(out: &Path, tensors: Vec<(String, Tensor<'_>)>, manifest: &Manifest) ->
         ("producer".to_string(), "burn-dist-ckpt export".to_string()),
         ("step".to_string(), manifest.step.to_string()),
     ]);
-    let written = serialize_to_file(tensors, Some(metadata), &tmp)
-        .map_err(|e| CheckpointError::corrupt(&tmp, e.to_string()))
+    let written = safetensors_file::serialize_to_file(tensors, metadata, &tmp)
+        .map_err(|reason| CheckpointError::corrupt(&tmp, reason))
         .and_then(|()| {
             File::open(&tmp)
                 .and_then(|f| f.sync_all())

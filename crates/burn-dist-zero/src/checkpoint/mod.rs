@@ -30,6 +30,7 @@ mod files;
 pub mod manifest;
 pub mod reshard;
 mod retention;
+mod safetensors_file;
 mod save;
 pub mod shard_file;
 mod weights;
@@ -526,8 +527,8 @@ pub fn consolidate(path: impl AsRef<Path>, out: impl AsRef<Path>) -> Result<Full
         ("step".to_string(), full.manifest.step.to_string()),
         ("adam_steps".to_string(), format!("{:?}", full.time)),
     ]);
-    let bytes = safetensors::serialize(views, Some(metadata))
-        .map_err(|e| CheckpointError::corrupt(out, e.to_string()))?;
+    let bytes = safetensors_file::serialize(views, metadata)
+        .map_err(|reason| CheckpointError::corrupt(out, reason))?;
     let parent = match out.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),

@@ -116,7 +116,7 @@ impl Tensors {
                 Ok((name.as_str(), view))
             })
             .collect::<Result<Vec<_>, String>>()?;
-        safetensors::serialize(views, Some(metadata)).map_err(|e| e.to_string())
+        super::safetensors_file::serialize(views, metadata)
     }
 }
 
