@@ -87,6 +87,9 @@ pub fn bench_zero3(args: &[String]) -> Result<(), String> {
     }
     all.push(fsdp2(&python, steps)?);
     print_table(&all, steps);
+    let svg = workspace_root().join("docs/perf/zero3.svg");
+    std::fs::write(&svg, bar_chart(&all)).map_err(|e| format!("writing {}: {e}", svg.display()))?;
+    println!("figure: {}", svg.display());
     Ok(())
 }
 
@@ -220,5 +223,101 @@ fn print_table(all: &[Figures], steps: usize) {
             f.step_s,
             peaks.join(" / ")
         );
+    }
+}
+
+/// The table as an SVG of two bar charts, peak per rank (the largest rank's) and step time, one
+/// bar per configuration: written by hand, so that xtask stays without dependencies.
+fn bar_chart(all: &[Figures]) -> String {
+    const LABEL_W: f64 = 190.0;
+    const BAR_W: f64 = 260.0;
+    const ROW_H: f64 = 26.0;
+    const TOP: f64 = 40.0;
+    // Title, the value of a configuration, decimals shown.
+    type Value = fn(&Figures) -> f64;
+    let panels: [(&str, Value, usize); 2] = [
+        (
+            "peak resident memory per rank (MiB)",
+            |f| f.peak_mib.iter().copied().fold(0.0, f64::max),
+            0,
+        ),
+        ("step time (s)", |f| f.step_s, 2),
+    ];
+    let width = LABEL_W + 2.0 * (BAR_W + 70.0);
+    let height = TOP + ROW_H * all.len() as f64 + 30.0;
+    let mut svg = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width}\" height=\"{height}\" \
+         font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
+    );
+    for (row, f) in all.iter().enumerate() {
+        let y = TOP + ROW_H * row as f64;
+        svg += &format!(
+            "<text x=\"{}\" y=\"{}\" text-anchor=\"end\">{}</text>\n",
+            LABEL_W - 8.0,
+            y + 15.0,
+            f.name
+        );
+    }
+    for (panel, (title, value, decimals)) in panels.iter().enumerate() {
+        let x0 = LABEL_W + panel as f64 * (BAR_W + 70.0);
+        let max = all
+            .iter()
+            .map(|f| value(f))
+            .fold(0.0, f64::max)
+            .max(f64::MIN_POSITIVE);
+        svg += &format!("<text x=\"{x0}\" y=\"24\" font-weight=\"bold\">{title}</text>\n");
+        for (row, f) in all.iter().enumerate() {
+            let (y, v) = (TOP + ROW_H * row as f64, value(f));
+            let w = BAR_W * v / max;
+            let fill = if f.name.contains("stage 3") {
+                "#c0392b"
+            } else {
+                "#5d7fa3"
+            };
+            let shown = format!("{v:.*}", decimals);
+            svg += &format!(
+                "<rect x=\"{x0}\" y=\"{}\" width=\"{w:.1}\" height=\"{}\" fill=\"{fill}\"/>\n\
+                 <text x=\"{:.1}\" y=\"{}\">{shown}</text>\n",
+                y + 3.0,
+                ROW_H - 6.0,
+                x0 + w + 4.0,
+                y + 15.0
+            );
+        }
+    }
+    svg += &format!(
+        "<text x=\"8\" y=\"{}\" fill=\"#555\">GPT-2 124M shape, {WORLD} ranks on one machine \
+         (cargo xtask bench-zero3; docs/perf/zero3.md)</text>\n</svg>\n",
+        height - 10.0
+    );
+    svg
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_chart_scales_each_panel_to_its_largest_bar_and_names_every_configuration() {
+        let figures = |name: &str, step_s, peak| Figures {
+            name: name.into(),
+            step_s,
+            peak_mib: vec![peak / 2.0, peak],
+            baseline_mib: None,
+        };
+        let svg = bar_chart(&[
+            figures("a", 2.0, 1000.0),
+            figures("ZeroAdam stage 3", 4.0, 250.0),
+        ]);
+        assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
+        assert!(svg.contains(">a</text>") && svg.contains(">ZeroAdam stage 3</text>"));
+        // Peaks: 1000 is the full bar, 250 a quarter; steps: 4.0 full, 2.0 half.
+        for width in ["260.0", "65.0", "130.0"] {
+            assert!(
+                svg.contains(&format!("width=\"{width}\"")),
+                "{width}: {svg}"
+            );
+        }
+        assert!(svg.contains(">1000</text>") && svg.contains(">4.00</text>"));
     }
 }

@@ -6,12 +6,15 @@ use clap::Parser;
 use gpt_pretrain::cli::Args;
 
 fn main() -> ExitCode {
-    keep_freed_memory();
+    let args = Args::parse();
+    keep_freed_memory(args.zero_stage);
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        // The launcher and log files are not terminals: colour codes only where one reads.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_env_filter("warn")
         .init();
-    match gpt_pretrain::backend::run(&Args::parse()) {
+    match gpt_pretrain::backend::run(&args) {
         Ok(_) => ExitCode::SUCCESS,
         Err(message) => {
             eprintln!("error: {message}");
@@ -25,17 +28,32 @@ fn main() -> ExitCode {
 /// step's tensors fault their pages in again: about 6000 page faults per step of the tiny GPT,
 /// 11 % of a rank's CPU time (docs/perf/cpu-throughput.md). Raising both thresholds keeps freed
 /// memory in the process for reuse; resident memory then stays at its peak, which a training
-/// loop reaches every step anyway. Tensors above 32 MiB (glibc's largest mmap threshold) are
-/// still mapped and unmapped each time. The trim threshold is 64 MiB, not more: each of a
-/// rank's allocator arenas may keep that much free, and with 1 GiB a large model's rank kept
-/// gigabytes it no longer used (the GPT-2 774M shape at ZeRO stage 3 was killed for memory;
-/// the 124M shape's peak fell from 1339 to 1112 MiB per rank, what glibc's defaults give).
-fn keep_freed_memory() {
+/// loop reaches every step anyway.
+///
+/// - The trim threshold is 64 MiB, not more: each of a rank's allocator arenas may keep that
+///   much free, and with 1 GiB the 124M shape's rank kept 290 MiB more at stage 2 (2110 against
+///   1821 MiB) for no measurable speed (docs/perf/zero3.md).
+/// - The mmap threshold is 32 MiB (glibc's largest automatic one), except at ZeRO stage 3,
+///   where it is 4 MiB: there every weight is gathered for one op and freed after it, and with
+///   those blocks in the heap among the activations the heap fragmented until the GPT-2 774M
+///   shape was killed for memory at step 2. Mapped blocks cost page faults each time (the 124M
+///   shape's step at stage 3 took 7.7 s with 32 MiB, 9.9 s with 4 MiB), so the choice is
+///   memory first where memory is why stage 3 was chosen.
+///
+/// A user who sets glibc's malloc tunables (`GLIBC_TUNABLES=glibc.malloc.…`) chooses for
+/// themselves: `mallopt` would override them.
+fn keep_freed_memory(zero_stage: u8) {
+    if std::env::var("GLIBC_TUNABLES").is_ok_and(|t| t.contains("glibc.malloc.")) {
+        return;
+    }
+    let mmap_threshold = if zero_stage == 3 { 4 << 20 } else { 32 << 20 };
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: mallopt only sets allocator parameters; it runs first in main, before any other
-    // thread exists.
+    // SAFETY: mallopt only sets allocator parameters; it runs in main before any other thread
+    // exists (parsing the arguments starts none).
     unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 4 << 20);
+        libc::mallopt(libc::M_MMAP_THRESHOLD, mmap_threshold);
         libc::mallopt(libc::M_TRIM_THRESHOLD, 64 << 20);
     }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    let _ = mmap_threshold;
 }

@@ -76,6 +76,8 @@ fn train(args: Args) -> Result<(), String> {
         // ranks switch that off, so their warnings go to stderr.
         tracing_subscriber::fmt()
             .with_writer(std::io::stderr)
+            // The launcher and log files are not terminals: colour codes only where one reads.
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
             .with_env_filter("warn")
             .init();
     }

@@ -50,6 +50,8 @@ enum Model {
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        // The launcher and log files are not terminals: colour codes only where one reads.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_env_filter("warn")
         .init();
     match run(Args::parse()) {
