@@ -493,36 +493,29 @@ fn a_shard_of_another_rank_or_layout_is_refused() {
     zero.import(own).expect("this rank's own shard");
 }
 
-#[test]
-fn an_unknown_stage_is_refused_by_name() {
+/// `ZeroAdamConfig::init` at `stage` on a replicated one-rank MLP must fail, its message
+/// containing `names`.
+fn stage_refused(stage: u8, names: &str) {
     let (ddp, model) = one_rank_mlp();
     let Err(error) = ZeroAdamConfig::new()
-        .with_stage(4)
+        .with_stage(stage)
         .init::<B, _>(&ddp, &model)
     else {
-        panic!("stage 4 must be refused");
+        panic!("stage {stage} must be refused here");
     };
-    assert!(
-        error.to_string().contains("ZeRO stage 4 is not supported"),
-        "{error}"
-    );
+    assert!(error.to_string().contains(names), "{error}");
+}
+
+#[test]
+fn an_unknown_stage_is_refused_by_name() {
+    stage_refused(4, "ZeRO stage 4 is not supported");
 }
 
 /// Stage 3 needs a sharded model: a model `Ddp::prepare` prepared (replicated) is refused,
 /// naming the call that shards it.
 #[test]
 fn stage_three_on_a_replicated_model_is_refused_naming_prepare_sharded() {
-    let (ddp, model) = one_rank_mlp();
-    let Err(error) = ZeroAdamConfig::new()
-        .with_stage(3)
-        .init::<B, _>(&ddp, &model)
-    else {
-        panic!("stage 3 on a replicated model must be refused");
-    };
-    assert!(
-        error.to_string().contains("Ddp::prepare_sharded"),
-        "{error}"
-    );
+    stage_refused(3, "Ddp::prepare_sharded");
 }
 
 #[test]
