@@ -262,7 +262,7 @@ fn bar_chart(all: &[Figures]) -> String {
         let x0 = LABEL_W + panel as f64 * (BAR_W + 70.0);
         let max = all
             .iter()
-            .map(|f| value(f))
+            .map(value)
             .fold(0.0, f64::max)
             .max(f64::MIN_POSITIVE);
         svg += &format!("<text x=\"{x0}\" y=\"24\" font-weight=\"bold\">{title}</text>\n");
