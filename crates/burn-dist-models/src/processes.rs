@@ -158,7 +158,8 @@ pub fn watch_all_killing_first(
 }
 
 /// Every node but `victim` succeeded after two rendezvous rounds, the first at world size
-/// `first_world` and the second at `first_world - 1` (each node runs one rank).
+/// `first_world` and the second at `first_world - 1` (each node runs one rank), and wrote no
+/// terminal colour codes.
 pub fn assert_survivors_met_again(
     ended: &[(ExitStatus, Vec<String>)],
     victim: usize,
@@ -170,6 +171,13 @@ pub fn assert_survivors_met_again(
             continue;
         }
         assert!(status.success(), "node {who}: {status}\n{lines:#?}");
+        // A launcher's output goes to pipes and log files: the ranks' logs (here the
+        // survivors' errors about the lost peer) must carry no terminal colour codes.
+        let coloured: Vec<&String> = lines.iter().filter(|l| l.contains('\u{1b}')).collect();
+        assert!(
+            coloured.is_empty(),
+            "node {who}: colour codes in {coloured:#?}"
+        );
         let rounds: Vec<&String> = lines.iter().filter(|l| l.starts_with(round)).collect();
         assert_eq!(rounds.len(), 2, "node {who}: {lines:#?}");
         for (r, world) in rounds.iter().zip([first_world, first_world - 1]) {
