@@ -82,32 +82,18 @@ pub fn export(path: impl AsRef<Path>, out: impl AsRef<Path>) -> Result<Manifest>
 
 /// Writes `tensors` to `out` through a temporary file renamed over it.
 fn write(out: &Path, tensors: Vec<(String, Tensor<'_>)>, manifest: &Manifest) -> Result<()> {
-    let parent = match out.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    let name = out
-        .file_name()
-        .and_then(|n| n.to_str())
-        .ok_or_else(|| CheckpointError::corrupt(out, "not a file name"))?;
-    let tmp = parent.join(format!(".{name}.tmp-{}", std::process::id()));
+    let (dir, name) = files::dir_and_name(out)?;
     let metadata = HashMap::from([
         ("producer".to_string(), "burn-dist-ckpt export".to_string()),
         ("step".to_string(), manifest.step.to_string()),
     ]);
-    let written = safetensors_file::serialize_to_file(tensors, metadata, &tmp)
-        .map_err(|reason| CheckpointError::corrupt(&tmp, reason))
-        .and_then(|()| {
-            File::open(&tmp)
-                .and_then(|f| f.sync_all())
-                .map_err(CheckpointError::io(&tmp))
-        });
-    if let Err(error) = written {
-        let _ = fs::remove_file(&tmp);
-        return Err(error);
-    }
-    fs::rename(&tmp, out).map_err(CheckpointError::io(out))?;
-    files::sync_dir(&parent)
+    files::write_atomic_with(&dir, name, |tmp| {
+        safetensors_file::serialize_to_file(tensors, metadata, tmp)
+            .map_err(|reason| CheckpointError::corrupt(tmp, reason))?;
+        File::open(tmp)
+            .and_then(|f| f.sync_all())
+            .map_err(CheckpointError::io(tmp))
+    })
 }
 
 fn parse_dtype(name: &str) -> Option<DType> {

@@ -3,7 +3,7 @@
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use super::error::{CheckpointError, Result};
 use super::manifest::FileEntry;
@@ -29,22 +29,49 @@ pub(crate) fn write_atomic_or_fail(
     fault: Option<io::Error>,
 ) -> Result<()> {
     let path = dir.join(name);
+    write_atomic_with(dir, name, |tmp| {
+        (|| {
+            let mut file = File::create(tmp)?;
+            if let Some(fault) = fault {
+                file.write_all(&bytes[..bytes.len() / 2])?;
+                return Err(fault);
+            }
+            file.write_all(bytes)?;
+            file.sync_all()
+        })()
+        .map_err(|source| CheckpointError::Io { path, source })
+    })
+}
+
+/// The atomic, durable replacement of `dir/name` for any writer: `write` creates, fills and
+/// fsyncs the temporary file it is given (removed if `write` fails), which is then renamed
+/// over `name` and the directory fsynced. A streaming writer (the export) uses it directly.
+pub(crate) fn write_atomic_with(
+    dir: &Path,
+    name: &str,
+    write: impl FnOnce(&Path) -> Result<()>,
+) -> Result<()> {
+    let path = dir.join(name);
     let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
-    let written = (|| {
-        let mut file = File::create(&tmp)?;
-        if let Some(fault) = fault {
-            file.write_all(&bytes[..bytes.len() / 2])?;
-            return Err(fault);
-        }
-        file.write_all(bytes)?;
-        file.sync_all()
-    })();
-    if let Err(source) = written {
+    if let Err(error) = write(&tmp) {
         let _ = fs::remove_file(&tmp);
-        return Err(CheckpointError::Io { path, source });
+        return Err(error);
     }
     fs::rename(&tmp, &path).map_err(CheckpointError::io(&path))?;
     sync_dir(dir)
+}
+
+/// The directory (`.` for a bare file name) and the file name of an output path `out`.
+pub(crate) fn dir_and_name(out: &Path) -> Result<(PathBuf, &str)> {
+    let dir = match out.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let name = out
+        .file_name()
+        .and_then(|n| n.to_str())
+        .ok_or_else(|| CheckpointError::corrupt(out, "not a file name"))?;
+    Ok((dir, name))
 }
 
 /// Makes the directory's entries (creations, renames, removals) durable.

@@ -529,14 +529,7 @@ pub fn consolidate(path: impl AsRef<Path>, out: impl AsRef<Path>) -> Result<Full
     ]);
     let bytes = safetensors_file::serialize(views, metadata)
         .map_err(|reason| CheckpointError::corrupt(out, reason))?;
-    let parent = match out.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    let name = out
-        .file_name()
-        .and_then(|n| n.to_str())
-        .ok_or_else(|| CheckpointError::corrupt(out, "not a file name"))?;
-    files::write_atomic(&parent, name, &bytes)?;
+    let (dir, name) = files::dir_and_name(out)?;
+    files::write_atomic(&dir, name, &bytes)?;
     Ok(full)
 }
