@@ -26,6 +26,13 @@ struct Figures {
     baseline_mib: Option<f64>,
 }
 
+impl Figures {
+    /// The largest rank's peak, MiB: what the table's "max" column and the chart show.
+    fn max_peak_mib(&self) -> f64 {
+        self.peak_mib.iter().copied().fold(0.0, f64::max)
+    }
+}
+
 pub fn bench_zero3(args: &[String]) -> Result<(), String> {
     let steps: usize = match args {
         [] => 6,
@@ -215,7 +222,7 @@ fn print_table(all: &[Figures], steps: usize) {
     println!("|---|---|---|---|---|");
     for f in all {
         let peaks: Vec<String> = f.peak_mib.iter().map(|p| format!("{p:.0}")).collect();
-        let max = f.peak_mib.iter().copied().fold(0.0, f64::max);
+        let max = f.max_peak_mib();
         let baseline = f.baseline_mib.map_or("-".into(), |b| format!("{b:.0}"));
         println!(
             "| {} | {:.2} | {} | {max:.0} | {baseline} |",
@@ -238,7 +245,7 @@ fn bar_chart(all: &[Figures]) -> String {
     let panels: [(&str, Value, usize); 2] = [
         (
             "peak resident memory per rank (MiB)",
-            |f| f.peak_mib.iter().copied().fold(0.0, f64::max),
+            Figures::max_peak_mib,
             0,
         ),
         ("step time (s)", |f| f.step_s, 2),

@@ -46,14 +46,16 @@ fn keep_freed_memory(zero_stage: u8) {
     if std::env::var("GLIBC_TUNABLES").is_ok_and(|t| t.contains("glibc.malloc.")) {
         return;
     }
-    let mmap_threshold = if zero_stage == 3 { 4 << 20 } else { 32 << 20 };
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: mallopt only sets allocator parameters; it runs in main before any other thread
-    // exists (parsing the arguments starts none).
-    unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, mmap_threshold);
-        libc::mallopt(libc::M_TRIM_THRESHOLD, 64 << 20);
+    {
+        let mmap_threshold = if zero_stage == 3 { 4 << 20 } else { 32 << 20 };
+        // SAFETY: mallopt only sets allocator parameters; it runs in main before any other
+        // thread exists (parsing the arguments starts none).
+        unsafe {
+            libc::mallopt(libc::M_MMAP_THRESHOLD, mmap_threshold);
+            libc::mallopt(libc::M_TRIM_THRESHOLD, 64 << 20);
+        }
     }
     #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-    let _ = mmap_threshold;
+    let _ = zero_stage;
 }
