@@ -5,8 +5,9 @@
 use std::time::Instant;
 
 use burn_dist_kernels::testing::{
-    Rng, check_bandwidth_copy, check_consecutive_steps, check_fused_step_equals_f64_reference,
-    check_half_precision_copies, check_inf_and_nan_skip_the_step, check_kernels_stay_within_len,
+    Rng, check_bandwidth_copy, check_consecutive_steps, check_decay_mask,
+    check_fused_step_equals_f64_reference, check_half_precision_copies,
+    check_inf_and_nan_skip_the_step, check_kernels_stay_within_len,
     check_overflowing_norm_skips_the_step,
 };
 use burn_dist_kernels::{FusedAdam, ModelDtype};
@@ -35,7 +36,7 @@ pub fn run(report: &mut Report, options: &Options) {
             );
         }
     };
-    let checks: [(&str, Check); 7] = [
+    let checks: [(&str, Check); 8] = [
         // First: its time includes NVRTC's compilation of the kernels.
         ("fused_step_equals_f64_reference", |f, rng| {
             check_fused_step_equals_f64_reference(f, rng);
@@ -57,6 +58,10 @@ pub fn run(report: &mut Report, options: &Options) {
         }),
         ("consecutive_steps_follow_the_reference", |f, rng| {
             check_consecutive_steps(f, rng);
+            Ok(())
+        }),
+        ("decay_mask_exempts_its_elements", |f, rng| {
+            check_decay_mask(f, rng);
             Ok(())
         }),
         ("overflowing_norm_skips_the_step", |f, rng| {

@@ -210,17 +210,35 @@ pub fn adam_step<M: Float, N: Size>(
     model: &mut Array<Vector<M, N>>,
     factors: &Array<f32>,
     hyper: &Array<f32>,
+    decay_mask: &Array<u32>,
     n_vectors: u32,
     #[comptime] decoupled: bool,
     #[comptime] write_model: bool,
+    #[comptime] masked: bool,
 ) {
     let i = ABSOLUTE_POS;
     if i < n_vectors as usize && factors[f::FOUND_INF] == 0.0 {
         let p = master[i];
         let mut g = grads[i] * Vector::new(factors[f::CLIP]);
         let wd = hyper[h::WEIGHT_DECAY];
+        // Per element: the weight decay (L2) and the decay factor (AdamW), or 0 and 1 where
+        // the mask exempts the element (`p · 0 + g` is g and `p · 1` is p, as the host step
+        // computes them with a decay of 0).
+        let mut wd_v = Vector::<f32, N>::new(wd);
+        let mut decay_v = Vector::<f32, N>::new(hyper[h::DECAY]);
+        if masked {
+            #[unroll]
+            for k in 0..N::value() {
+                let e = i * N::value() + k;
+                let bit = (decay_mask[e / 32] >> (e % 32) as u32) & 1u32;
+                if bit == 0 {
+                    wd_v[k] = 0.0;
+                    decay_v[k] = 1.0;
+                }
+            }
+        }
         if !decoupled && wd != 0.0 {
-            g = p * Vector::new(wd) + g;
+            g = p * wd_v + g;
         }
         let m1 = m[i] * Vector::new(hyper[h::BETA1]) + g * Vector::new(hyper[h::ONE_MINUS_BETA1]);
         let v1 =
@@ -231,7 +249,7 @@ pub fn adam_step<M: Float, N: Size>(
             let m_hat = m1 / Vector::new(factors[f::BC1]);
             let v_hat = v1 / Vector::new(factors[f::BC2]);
             let delta = m_hat / (Vector::sqrt(v_hat) + eps);
-            p * Vector::new(hyper[h::DECAY]) - delta * lr
+            p * decay_v - delta * lr
         } else {
             let delta = (m1 * Vector::new(factors[f::COMBINED])) / (Vector::sqrt(v1) + eps);
             p - delta * lr
@@ -328,6 +346,9 @@ pub struct StepBuffers {
     pub factors: cubecl::server::Handle,
     /// The vector size the passes use.
     pub vector_size: usize,
+    /// Which elements weight decay applies to, one bit each (bit `e % 32` of word `e / 32`);
+    /// `None`: every element ([`FusedAdam::set_decay_mask`]).
+    pub decay_mask: Option<cubecl::server::Handle>,
 }
 
 /// The fused ZeroAdam step on runtime `R`.
@@ -416,7 +437,21 @@ impl<R: Runtime> FusedAdam<R> {
             step: c.create_from_slice(u32::as_bytes(&[steps_taken])),
             factors: c.create_from_slice(f32::as_bytes(&[f32::NAN; f::LEN])),
             vector_size,
+            decay_mask: None,
         }
+    }
+
+    /// Which of the shard's elements weight decay applies to (`decays[e]` for element `e`;
+    /// all of them until this is called). A mask of all `true` is no mask.
+    pub fn set_decay_mask(&self, b: &mut StepBuffers, decays: &[bool]) {
+        assert_eq!(decays.len(), b.len, "set_decay_mask: one flag per element");
+        b.decay_mask = (!decays.iter().all(|&d| d)).then(|| {
+            let mut words = vec![0u32; b.len.div_ceil(32)];
+            for (e, _) in decays.iter().enumerate().filter(|(_, d)| **d) {
+                words[e / 32] |= 1 << (e % 32);
+            }
+            self.client.create_from_slice(u32::as_bytes(&words))
+        });
     }
 
     /// Pass 1 and its reduction: unscale `grads` in place and write `stats`.
@@ -469,6 +504,12 @@ impl<R: Runtime> FusedAdam<R> {
         }
         let write_model = b.model_dtype != ModelDtype::None;
         let model_len = if write_model { n_vectors } else { 1 };
+        let masked = b.decay_mask.is_some();
+        // Without a mask the kernel never reads it: any one-word buffer stands in.
+        let (mask, mask_len) = match &b.decay_mask {
+            Some(mask) => (mask.clone(), b.len.div_ceil(32)),
+            None => (b.step.clone(), 1),
+        };
         macro_rules! launch {
             ($m:ty) => {
                 unsafe {
@@ -484,9 +525,11 @@ impl<R: Runtime> FusedAdam<R> {
                         ArrayArg::from_raw_parts(b.model.clone(), model_len),
                         ArrayArg::from_raw_parts(b.factors.clone(), f::LEN),
                         ArrayArg::from_raw_parts(hyper_handle.clone(), h::LEN),
+                        ArrayArg::from_raw_parts(mask.clone(), mask_len),
                         n_vectors as u32,
                         decoupled,
                         write_model,
+                        masked,
                     )
                 }
             };

@@ -615,6 +615,94 @@ pub fn check_consecutive_steps<R: Runtime>(fused: &FusedAdam<R>, rng: &mut Rng) 
     }
 }
 
+/// The decay mask ([`FusedAdam::set_decay_mask`]): elements whose flag is off step with no
+/// weight decay, the others with it, in AdamW and in Adam + L2, on the vectorized and the
+/// scalar path, with runs of either kind that start and end inside a vector and one word of the
+/// mask. Each element is held to the f32 reference run on its own run of flags; the decay is
+/// large (a factor of 0.9 per step), so an element stepped under the wrong flag misses by far
+/// more than the tolerance (asserted against the kernel decaying everything).
+pub fn check_decay_mask<R: Runtime>(fused: &FusedAdam<R>, rng: &mut Rng) {
+    for (len, decoupled) in [(4 * 300, true), (4 * 300, false), (777, true)] {
+        let (master, m, v) = random_state(rng, len);
+        let grads = rng.nonzero_vec(len, 1e-3, 1.0);
+        // Runs of 1 to 40 elements, alternately decayed and exempt.
+        let mut decays = Vec::with_capacity(len);
+        let mut flag = rng.below(2) == 0;
+        while decays.len() < len {
+            let run = (1 + rng.below(40)).min(len - decays.len());
+            decays.extend(std::iter::repeat_n(flag, run));
+            flag = !flag;
+        }
+        let s = StepScalars {
+            lr: 0.1,
+            weight_decay: 1.0,
+            step: 1,
+            ..random_scalars(decoupled, rng)
+        };
+        let hyper = Hyper {
+            scalars: s,
+            max_norm: None,
+        };
+        let run = |mask: Option<&[bool]>| {
+            let mut b = fused.upload(&master, &m, &v, 0, &grads, 1.0, ModelDtype::None);
+            if let Some(mask) = mask {
+                fused.set_decay_mask(&mut b, mask);
+            }
+            fused.step(&b, hyper);
+            fused.read_f32(&b.master)
+        };
+        let masked = run(Some(&decays));
+        let unmasked = run(None);
+        let exempt = StepScalars {
+            weight_decay: 0.0,
+            ..s
+        };
+        let mut at = 0;
+        for (decays, run) in runs(&decays) {
+            let r = at..at + run;
+            at += run;
+            let (mut rp, mut rm, mut rv) = (
+                master[r.clone()].to_vec(),
+                m[r.clone()].to_vec(),
+                v[r.clone()].to_vec(),
+            );
+            let scalars = if decays { s } else { exempt };
+            adam_update(
+                &mut rp,
+                &mut rm,
+                &mut rv,
+                &grads[r.clone()],
+                1.0,
+                false,
+                &scalars,
+                ModelCopy::None,
+            );
+            let what = format!("len {len}, decoupled {decoupled}, elements {r:?} (decay {decays})");
+            let err = relative_error(&masked[r.clone()], &to64(&rp));
+            assert!(err <= 1e-6, "{what}: kernel vs f32 reference {err:e}");
+            if !decays {
+                let wrong = relative_error(&unmasked[r.clone()], &to64(&rp));
+                assert!(
+                    wrong > 1e-3,
+                    "{what}: the case is meant to tell, but decaying moves it by {wrong:e}"
+                );
+            }
+        }
+    }
+}
+
+/// `flags` as runs: (flag, length).
+fn runs(flags: &[bool]) -> Vec<(bool, usize)> {
+    let mut out: Vec<(bool, usize)> = Vec::new();
+    for &flag in flags {
+        match out.last_mut() {
+            Some((f, n)) if *f == flag => *n += 1,
+            _ => out.push((flag, 1)),
+        }
+    }
+    out
+}
+
 /// The benches' bandwidth yardstick, [`FusedAdam::copy`], copies every element and writes
 /// nothing past `len` (a copy that did less would flatter the fused step's ratio to it), on the
 /// vectorized path with cubes past the end, and on the scalar path.

@@ -13,8 +13,9 @@ use burn::optim::decay::WeightDecayConfig;
 use burn::optim::{AdamConfig, AdamWConfig, SimpleOptimizer};
 use burn::tensor::{Tensor, TensorData};
 use burn_dist_kernels::testing::{
-    Rng, check_bandwidth_copy, check_consecutive_steps, check_fused_step_equals_f64_reference,
-    check_half_precision_copy, check_inf_and_nan_skip_the_step, check_kernels_stay_within_len,
+    Rng, check_bandwidth_copy, check_consecutive_steps, check_decay_mask,
+    check_fused_step_equals_f64_reference, check_half_precision_copy,
+    check_inf_and_nan_skip_the_step, check_kernels_stay_within_len,
     check_overflowing_norm_skips_the_step,
 };
 use burn_dist_kernels::{FusedAdam, Hyper, ModelDtype, StepScalars, relative_error};
@@ -82,6 +83,11 @@ fn the_benches_bandwidth_copy_copies_every_element_and_nothing_past_the_end() {
 #[test]
 fn consecutive_steps_count_on_the_device_and_follow_the_reference() {
     check_consecutive_steps(&fused(), &mut seeded());
+}
+
+#[test]
+fn the_decay_mask_exempts_exactly_its_elements() {
+    check_decay_mask(&fused(), &mut seeded());
 }
 
 fn tensor(x: &[f32]) -> Tensor<Flex, 1> {

@@ -3,7 +3,7 @@
 
 use burn::config::Config;
 
-use crate::ZeroAdam;
+use crate::{DecayRule, ZeroAdam};
 
 /// Adam or AdamW with the optimizer state sharded across ranks ([`ZeroAdam`]).
 ///
@@ -22,6 +22,10 @@ pub struct ZeroAdamConfig {
     /// Burn's `AdamWConfig` default.
     #[config(default = 1e-4)]
     pub weight_decay: f32,
+    /// Which parameters weight decay applies to: all (Burn's optimizers), the tensors of two
+    /// or more dimensions (`DecayRule::Matrices`, GPT-2's rule), or a mask.
+    #[config(default = "DecayRule::All")]
+    pub decay: DecayRule,
     /// AdamW (true) or Adam with L2 weight decay (false).
     #[config(default = true)]
     pub decoupled_weight_decay: bool,

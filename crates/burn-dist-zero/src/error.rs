@@ -27,6 +27,12 @@ pub enum ZeroError {
         got: usize,
         got_elements: usize,
     },
+    /// A `DecayRule::Mask` whose length is not the model's number of trainable parameters.
+    #[error(
+        "ZeroAdamConfig::decay: the mask has {got} flags, but the model has {expected} trainable \
+         parameters (one flag per parameter of `Ddp::params()`, in its order)"
+    )]
+    DecayMaskLength { got: usize, expected: usize },
     /// ZeroAdam was built before `Ddp::prepare`.
     #[error("call `Ddp::prepare(model)` before building ZeroAdam")]
     NotPrepared,

@@ -6,9 +6,11 @@
 
 pub mod checkpoint;
 mod config;
+mod decay;
 mod error;
 #[cfg(feature = "device")]
 mod resident;
+mod ruled_adamw;
 mod shard;
 mod zero_adam;
 
@@ -17,6 +19,8 @@ mod zero_adam;
 pub use burn_dist::flat::{self, FlatLayout, Piece};
 pub use checkpoint::{CheckpointError, TrainingState};
 pub use config::ZeroAdamConfig;
+pub use decay::DecayRule;
 pub use error::{Result, ZeroError};
+pub use ruled_adamw::RuledAdamW;
 pub use shard::{OptimizerShard, StepReport};
 pub use zero_adam::{ZeroAdam, ZeroAdamRecord};

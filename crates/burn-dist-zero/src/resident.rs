@@ -82,6 +82,7 @@ impl<B: CubeResident> Resident<B> {
         m: &[f32],
         v: &[f32],
         steps_taken: u32,
+        decays: &[bool],
     ) -> Result<Self> {
         let device = B::cube_device(device);
         let client = B::Runtime::client(&device);
@@ -108,7 +109,8 @@ impl<B: CubeResident> Resident<B> {
             });
         }
         let zeros = vec![0.0; master.len()];
-        let buffers = fused.upload(master, m, v, steps_taken, &zeros, 1.0, model_dtype);
+        let mut buffers = fused.upload(master, m, v, steps_taken, &zeros, 1.0, model_dtype);
+        fused.set_decay_mask(&mut buffers, decays);
         let flat_bytes = layout.padded_len() * flat_dtype.size();
         let flat = DeviceSlice::whole(client.clone(), client.empty(flat_bytes), flat_dtype);
         Ok(Resident {

@@ -39,6 +39,8 @@ pub(crate) struct Shard {
     pub(crate) config: ZeroAdamConfig,
     comm: Arc<HostCommunicator>,
     pub(crate) params: Vec<ParamInfo>,
+    /// Per parameter: whether weight decay applies (`ZeroAdamConfig::decay`).
+    decays: Vec<bool>,
     pub(crate) layout: FlatLayout,
     pieces: Vec<Piece>,
     master: Vec<f32>,
@@ -100,6 +102,7 @@ impl Shard {
             });
         }
         let shards = sharded_model(&config, ddp)?;
+        let decays = config.decay.resolve(&params)?;
         let numels: Vec<usize> = params.iter().map(ParamInfo::numel).collect();
         let layout = FlatLayout::new(&numels, ddp.world_size(), config.align);
         if config.stage >= 2 {
@@ -134,6 +137,7 @@ impl Shard {
             v: vec![0.0; layout.shard_len],
             master,
             params,
+            decays,
             layout,
             pieces,
             config,
@@ -203,11 +207,23 @@ impl Shard {
             &self.m,
             &self.v,
             steps,
+            &self.element_decays(),
         )?;
         tracing::info!(device = %resident.name(), "ZeroAdam state moved to the device");
         self.device = Some(Box::new(resident));
         (self.master, self.m, self.v) = (Vec::new(), Vec::new(), Vec::new());
         Ok(())
+    }
+
+    /// Per element of this shard: whether weight decay applies (padding does; nothing reads
+    /// it).
+    #[cfg(feature = "device")]
+    fn element_decays(&self) -> Vec<bool> {
+        let mut decays = vec![true; self.layout.shard_len];
+        for piece in &self.pieces {
+            decays[piece.in_shard.clone()].fill(self.decays[piece.param]);
+        }
+        decays
     }
 
     #[cfg(feature = "device")]
@@ -340,12 +356,13 @@ impl Shard {
 
         // 3. Clipped Adam(W) on the shard, parameter by parameter (Burn keeps a step count per
         //    parameter, and a parameter without a gradient is left alone).
-        let scalars = |step| self.config.scalars(lr, step);
+        let scalars = |step, decays| self.config.scalars(lr, step, decays);
         if !found_inf {
             let (m, v) = (&mut self.m, &mut self.v);
             let mut update = |master: &mut [f32]| {
                 on_threads(self.host_pool.as_ref(), || {
-                    for (r, step) in update_runs(&self.pieces, &present, &self.time) {
+                    let runs = update_runs(&self.pieces, &present, &self.time, &self.decays);
+                    for (r, step, decays) in runs {
                         host::adam_update(
                             &mut master[r.clone()],
                             &mut m[r.clone()],
@@ -353,7 +370,7 @@ impl Shard {
                             &grad[r],
                             clip,
                             false,
-                            &scalars(step),
+                            &scalars(step, decays),
                             ModelCopy::None,
                         );
                     }
@@ -481,7 +498,7 @@ impl Shard {
         let (report, total_sum_sq) = self.conclude(found_inf, sum_sq, &has_grad)?;
         // 3. The kernels skip the update themselves when found-inf, and count the step.
         let hyper = Hyper {
-            scalars: self.config.scalars(lr, 0),
+            scalars: self.config.scalars(lr, 0, true),
             max_norm: self.config.max_grad_norm,
         };
         device.update(report.skipped, total_sum_sq, hyper)?;
@@ -617,33 +634,42 @@ fn on_threads<R: Send>(pool: Option<&rayon::ThreadPool>, work: impl FnOnce() -> 
     }
 }
 
-/// The shard ranges the host step updates, each with its step count: the pieces that had a
-/// gradient (`present`, per piece), adjacent ones with the same step count merged, so that a
-/// model whose parameters all step together is one range (one parallel update of the whole
-/// shard, less its padding) instead of one per parameter.
-fn update_runs(pieces: &[Piece], present: &[bool], time: &[u32]) -> Vec<(Range<usize>, u32)> {
-    let mut runs: Vec<(Range<usize>, u32)> = Vec::new();
+/// The shard ranges the host step updates, each with its step count and whether it decays:
+/// the pieces that had a gradient (`present`, per piece), adjacent ones with the same step
+/// count and decay merged, so that a model whose parameters all step together and all decay
+/// is one range (one parallel update of the whole shard, less its padding) instead of one per
+/// parameter.
+fn update_runs(
+    pieces: &[Piece],
+    present: &[bool],
+    time: &[u32],
+    decays: &[bool],
+) -> Vec<(Range<usize>, u32, bool)> {
+    let mut runs: Vec<(Range<usize>, u32, bool)> = Vec::new();
     for (piece, _) in pieces.iter().zip(present).filter(|(_, present)| **present) {
-        let step = time[piece.param];
+        let (step, decay) = (time[piece.param], decays[piece.param]);
         match runs.last_mut() {
-            Some((run, run_step)) if run.end == piece.in_shard.start && *run_step == step => {
+            Some((run, run_step, run_decay))
+                if run.end == piece.in_shard.start && *run_step == step && *run_decay == decay =>
+            {
                 run.end = piece.in_shard.end;
             }
-            _ => runs.push((piece.in_shard.clone(), step)),
+            _ => runs.push((piece.in_shard.clone(), step, decay)),
         }
     }
     runs
 }
 
 impl ZeroAdamConfig {
-    /// The update's scalars at learning rate `lr` and step `step`.
-    fn scalars(&self, lr: f64, step: u32) -> StepScalars {
+    /// The update's scalars at learning rate `lr` and step `step`, for parameters that decay
+    /// (`decays`) or not.
+    fn scalars(&self, lr: f64, step: u32, decays: bool) -> StepScalars {
         StepScalars {
             lr: lr as f32,
             beta1: self.beta_1,
             beta2: self.beta_2,
             eps: self.epsilon,
-            weight_decay: self.weight_decay,
+            weight_decay: if decays { self.weight_decay } else { 0.0 },
             decoupled: self.decoupled_weight_decay,
             step,
         }
@@ -734,11 +760,19 @@ mod tests {
             piece(3, 20..21),
         ];
         let all = [true; 4];
-        assert_eq!(update_runs(&pieces, &all, &[3, 3, 3, 3]), [(0..21, 3)]);
         assert_eq!(
-            update_runs(&pieces, &all, &[3, 3, 2, 3]),
-            [(0..9, 3), (9..20, 2), (20..21, 3)],
+            update_runs(&pieces, &all, &[3, 3, 3, 3], &all),
+            [(0..21, 3, true)]
+        );
+        assert_eq!(
+            update_runs(&pieces, &all, &[3, 3, 2, 3], &all),
+            [(0..9, 3, true), (9..20, 2, true), (20..21, 3, true)],
             "a parameter with another step count is its own run"
+        );
+        assert_eq!(
+            update_runs(&pieces, &all, &[3; 4], &[true, false, false, true]),
+            [(0..5, 3, true), (5..20, 3, false), (20..21, 3, true)],
+            "parameters that do not decay are runs of their own"
         );
     }
 
@@ -746,10 +780,10 @@ mod tests {
     fn update_runs_leave_out_pieces_without_a_gradient() {
         let pieces = [piece(0, 0..5), piece(1, 5..9), piece(2, 9..20)];
         assert_eq!(
-            update_runs(&pieces, &[true, false, true], &[4, 4, 4]),
-            [(0..5, 4), (9..20, 4)],
+            update_runs(&pieces, &[true, false, true], &[4, 4, 4], &[true; 3]),
+            [(0..5, 4, true), (9..20, 4, true)],
             "the runs on either side of a piece without a gradient are not joined"
         );
-        assert!(update_runs(&pieces, &[false; 3], &[4, 4, 4]).is_empty());
+        assert!(update_runs(&pieces, &[false; 3], &[4, 4, 4], &[true; 3]).is_empty());
     }
 }

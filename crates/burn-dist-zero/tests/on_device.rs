@@ -178,6 +178,36 @@ fn device_step_with_accumulation_equals_the_host_path() {
     }
 }
 
+/// GPT-2's decay rule on the device (the kernels' per-element decay mask) equals it on the
+/// host: the MLP's weights decay, its biases do not. The decay is large, so that a bias that
+/// decayed would differ from the host's by far more than the tolerance (checked against the
+/// host path decaying everything).
+#[test]
+fn device_step_applies_the_decay_rule_like_the_host_path() {
+    use burn_dist_testing::relative_error;
+    use burn_dist_zero::DecayRule;
+    let config = |rule| {
+        ZeroAdamConfig::new()
+            .with_weight_decay(0.5)
+            .with_decay(rule)
+            .with_stage(2)
+    };
+    let host = train(2, &config(DecayRule::Matrices));
+    let device = train_on_device(2, config(DecayRule::Matrices));
+    assert_close(
+        &device[0].0,
+        &host[0],
+        TOLERANCE,
+        "decay rule, device vs host",
+    );
+    let decays_all = train(2, &config(DecayRule::All));
+    let bias = 1; // the first layer's bias
+    assert!(
+        relative_error(&host[0][bias], &decays_all[0][bias]) > 100.0 * TOLERANCE,
+        "the rule must change the biases for this test to tell"
+    );
+}
+
 #[test]
 fn device_step_clips_like_the_host_path() {
     // Far below the gradient norm: every step clips.
