@@ -116,9 +116,12 @@ def main():
     fully_shard(model)
     model.to_empty(device="cpu")
     model.init_weights()
-    optim = torch.optim.AdamW(
-        model.parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1, foreach=True
-    )
+    # GPT-2's decay rule, as gpt-pretrain's default `--decay matrices`: only tensors of 2+ dims.
+    groups = [
+        {"params": [p for p in model.parameters() if p.dim() >= 2], "weight_decay": 0.1},
+        {"params": [p for p in model.parameters() if p.dim() < 2], "weight_decay": 0.0},
+    ]
+    optim = torch.optim.AdamW(groups, lr=3e-4, betas=(0.9, 0.95), foreach=True)
 
     gen = torch.Generator().manual_seed(rank)
     times = []

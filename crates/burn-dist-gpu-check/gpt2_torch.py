@@ -101,7 +101,12 @@ def main() -> int:
 
         model.apply(gpt2_init)
         params = sum(p.numel() for p in model.parameters()) - model.pos.weight.numel()
-        opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1, fused=True)
+        # GPT-2's decay rule, as gpt-pretrain's default: only tensors of 2+ dimensions decay.
+        groups = [
+            {"params": [p for p in model.parameters() if p.dim() >= 2], "weight_decay": 0.1},
+            {"params": [p for p in model.parameters() if p.dim() < 2], "weight_decay": 0.0},
+        ]
+        opt = torch.optim.AdamW(groups, lr=3e-4, fused=True)
         gen = torch.Generator(device=device)
         gen.manual_seed(1)
 

@@ -25,6 +25,8 @@ pub mod env;
 mod error;
 mod gate;
 mod init;
+#[cfg(feature = "logging")]
+pub mod logging;
 // The NCCL communicator (feature `cuda`); its call plans are also unit-tested without it.
 #[cfg(any(test, feature = "cuda"))]
 mod nccl;

@@ -10,18 +10,24 @@ use std::time::Duration;
 
 /// `burn-dist-run`, built by the same `cargo test --workspace` next to the test's binary.
 pub fn launcher() -> PathBuf {
+    workspace_binary("burn-dist-run")
+}
+
+/// A binary of the workspace (`burn-dist-run`, `burn-dist-check`, …), built by the same
+/// `cargo test --workspace` next to the test's binary.
+pub fn workspace_binary(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
     let dir = exe
         .parent()
         .and_then(|deps| deps.parent())
         .expect("target dir");
-    let launcher = dir.join("burn-dist-run");
+    let binary = dir.join(name);
     assert!(
-        launcher.exists(),
+        binary.exists(),
         "{} is missing: build it first (`cargo xtask test` and `cargo xtask integration` do)",
-        launcher.display()
+        binary.display()
     );
-    launcher
+    binary
 }
 
 /// A fresh, empty directory for one test.
@@ -185,4 +191,44 @@ pub fn assert_survivors_met_again(
             assert!(r.contains(&expected), "node {who}: {r}");
         }
     }
+}
+
+/// Runs `command` (a program or the launcher with its ranks) with `RUST_LOG=info` and its
+/// stdout and stderr redirected to files under `dir`, as a launcher or a batch system does.
+/// Asserts that it succeeds, that its logs reached the file (a line with `INFO`, so that the
+/// check below has something to look at), and that neither file holds an escape byte:
+/// colour codes belong on a terminal only. Returns the stderr file's text.
+pub fn assert_plain_logs(mut command: std::process::Command, dir: &Path, what: &str) -> String {
+    let (out, err) = (
+        dir.join(format!("{what}.stdout")),
+        dir.join(format!("{what}.stderr")),
+    );
+    let file = |path: &Path| std::fs::File::create(path).expect("creating a log file");
+    let status = command
+        .env("RUST_LOG", "info")
+        .env_remove("NO_COLOR")
+        .stdout(file(&out))
+        .stderr(file(&err))
+        .status()
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    let read = |path: &Path| std::fs::read(path).expect("reading a log file");
+    let (stdout, stderr) = (read(&out), read(&err));
+    let text = String::from_utf8_lossy(&stderr).into_owned();
+    assert!(
+        status.success(),
+        "{what}: {status}\n{}{text}",
+        String::from_utf8_lossy(&stdout)
+    );
+    assert!(
+        text.lines().any(|l| l.contains("INFO")),
+        "{what}: no log line reached stderr:\n{text}"
+    );
+    for (name, bytes) in [("stdout", &stdout), ("stderr", &stderr)] {
+        assert!(
+            !bytes.contains(&0x1b),
+            "{what}: an escape byte in its {name}:\n{}",
+            String::from_utf8_lossy(bytes)
+        );
+    }
+    text
 }

@@ -4,8 +4,8 @@
 The same GPT as `gpt-pretrain --model tiny` (vocabulary 64, context 64, 2 layers, 4 heads,
 width 64, tied LM head, pre-LayerNorm blocks, exact GELU, no dropout, attention written as
 matmul, causal mask, softmax, matmul like examples/gpt-pretrain/src/model.rs), the same step
-(global batch 32 sequences split over the ranks, AdamW with betas 0.9/0.95, weight decay 0.1,
-global-norm clipping at 1.0, a cosine learning rate, the mean loss averaged over ranks every
+(global batch 32 sequences split over the ranks, AdamW with betas 0.9/0.95, weight decay 0.1
+on the tensors of 2+ dimensions, global-norm clipping at 1.0, a cosine learning rate, the mean loss averaged over ranks every
 step), trained data-parallel with DistributedDataParallel over gloo on this host.
 
 Each rank uses --threads intra-op threads (default: max(1, cores / ranks), the share that
@@ -113,9 +113,12 @@ def rank_main(rank, args, port):
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=args.ranks
     )
     model = torch.nn.parallel.DistributedDataParallel(build_model(torch, args))
-    optim = torch.optim.AdamW(
-        model.parameters(), lr=3e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1
-    )
+    # GPT-2's decay rule, as gpt-pretrain's default `--decay matrices`: only tensors of 2+ dims.
+    groups = [
+        {"params": [p for p in model.parameters() if p.dim() >= 2], "weight_decay": 0.1},
+        {"params": [p for p in model.parameters() if p.dim() < 2], "weight_decay": 0.0},
+    ]
+    optim = torch.optim.AdamW(groups, lr=3e-3, betas=(0.9, 0.95), eps=1e-8)
     per_rank = args.global_batch // args.ranks
     generator = torch.Generator().manual_seed(1000 + rank)
     warmup, max_lr = 20, 3e-3

@@ -3,11 +3,11 @@
 
 use std::path::PathBuf;
 
-use burn_dist_zero::checkpoint;
+use burn_dist_zero::{DecayRule, checkpoint};
 use clap::{Parser, ValueEnum};
 
-use crate::data::Source;
 use crate::data::text::Tokenizer;
+use crate::data::{EvalWindows, Source};
 use crate::model::GptConfig;
 
 #[derive(Parser, Debug, Clone)]
@@ -93,6 +93,11 @@ pub struct Args {
     pub warmup: usize,
     #[arg(long, default_value_t = 0.1)]
     pub weight_decay: f32,
+    /// Which parameters --weight-decay applies to: `matrices`, the tensors of two or more
+    /// dimensions (the weights of the matmuls and the embeddings; not the biases or the
+    /// LayerNorm gains: GPT-2's rule, as nanoGPT and llm.c apply it), or `all`.
+    #[arg(long, value_enum, default_value_t = DecayKind::Matrices)]
+    pub decay: DecayKind,
     #[arg(long, default_value_t = 0.9)]
     pub beta1: f32,
     #[arg(long, default_value_t = 0.95)]
@@ -109,9 +114,11 @@ pub struct Args {
     /// Evaluate every this many steps (and after the last; 0: only after the last).
     #[arg(long, default_value_t = 50)]
     pub eval_every: usize,
-    /// Validation sequences per evaluation (rounded down to a multiple of --global-batch).
-    #[arg(long, default_value_t = 256)]
-    pub eval_sequences: usize,
+    /// Validation windows per evaluation: the whole split when it has at most this many, else
+    /// this many spread evenly over it (one seeded draw from each of as many equal stretches);
+    /// `all`: every window. The ranks share them; the loss is the mean over the windows.
+    #[arg(long, value_name = "N|all", default_value = "512", value_parser = EvalWindows::parse)]
+    pub eval_sequences: EvalWindows,
     /// Print a line every this many steps.
     #[arg(long, default_value_t = 10)]
     pub log_every: usize,
@@ -183,6 +190,23 @@ pub enum OptimizerKind {
     Zero,
     /// Burn's AdamW, replicated on every rank (f32 only, no checkpoints).
     Adamw,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum DecayKind {
+    /// Tensors of two or more dimensions only (GPT-2's rule).
+    Matrices,
+    /// Every parameter (Burn's AdamW).
+    All,
+}
+
+impl DecayKind {
+    pub fn rule(self) -> DecayRule {
+        match self {
+            DecayKind::Matrices => DecayRule::Matrices,
+            DecayKind::All => DecayRule::All,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -382,6 +406,13 @@ mod tests {
             (2, 64, 4, 64)
         );
         a.check(2).unwrap();
+        assert_eq!(a.eval_sequences, EvalWindows::AtMost(512));
+        assert_eq!(a.decay, DecayKind::Matrices, "GPT-2's decay rule");
+        assert_eq!(
+            args(&["--eval-sequences", "all", "--decay", "all"]).eval_sequences,
+            EvalWindows::All
+        );
+        assert!(Args::try_parse_from(["gpt-pretrain", "--eval-sequences", "0"]).is_err());
         assert_eq!(
             args(&["--model", "gpt2-124m"])
                 .model_config(50257)

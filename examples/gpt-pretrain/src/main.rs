@@ -8,12 +8,7 @@ use gpt_pretrain::cli::Args;
 fn main() -> ExitCode {
     let args = Args::parse();
     keep_freed_memory(args.zero_stage);
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        // The launcher and log files are not terminals: colour codes only where one reads.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_env_filter("warn")
-        .init();
+    burn_dist_comm::logging::init_stderr("warn");
     match gpt_pretrain::backend::run(&args) {
         Ok(_) => ExitCode::SUCCESS,
         Err(message) => {

@@ -7,19 +7,19 @@ use std::num::NonZeroUsize;
 use std::path::PathBuf;
 
 use burn::module::{AutodiffModule, Module};
-use burn::optim::{AdamW, AdamWConfig, Optimizer, adaptor::OptimizerAdaptor};
+use burn::optim::AdamWConfig;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{ElementConversion, FloatDType};
 use burn_dist::{Ddp, DistributedAutodiff, GradScaler, GradScalerConfig};
 use burn_dist_comm::{Communicator, HostBuffer, ReduceOp};
 use burn_dist_zero::checkpoint::{self, TrainingState};
-use burn_dist_zero::{ZeroAdam, ZeroAdamConfig};
+use burn_dist_zero::{RuledAdamW, ZeroAdam, ZeroAdamConfig};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use burn_dist_models::Cast;
 
-use crate::cli::{Args, OptimizerKind, Precision};
-use crate::data::{self, Corpus, Loader};
+use crate::cli::{Args, DecayKind, OptimizerKind, Precision};
+use crate::data::{self, Corpus, EvalPlan, Loader};
 use crate::metrics::{self, LoopClock, MetricsWriter, ShardRecord, StepRecord};
 use crate::model::{Gpt, GptConfig};
 use crate::schedule::CosineSchedule;
@@ -61,7 +61,8 @@ pub fn run_with<B: DistributedAutodiff>(
 
 enum Optim<B: AutodiffBackend> {
     Zero(Box<ZeroAdam>),
-    AdamW(OptimizerAdaptor<AdamW, Gpt<B>, B>),
+    /// Burn's AdamW, one for the parameters that decay and one for the others.
+    AdamW(Box<RuledAdamW<Gpt<B>, B>>),
 }
 
 struct Trainer<'a, B: DistributedAutodiff> {
@@ -75,6 +76,8 @@ struct Trainer<'a, B: DistributedAutodiff> {
     scaler: Option<GradScaler>,
     schedule: CosineSchedule,
     loader: Loader,
+    /// The validation windows every evaluation reads.
+    eval: EvalPlan,
     start: u64,
     /// Which start of the job this is (`burn-dist-run --max-restarts` or torchrun; 0: the first).
     restart: usize,
@@ -115,20 +118,25 @@ impl<'a, B: DistributedAutodiff> Trainer<'a, B> {
                     .with_beta_2(args.beta2)
                     .with_epsilon(1e-8)
                     .with_weight_decay(args.weight_decay)
+                    .with_decay(args.decay.rule())
                     .with_max_grad_norm(max_grad_norm)
                     .with_stage(args.zero_stage)
                     .init::<B, _>(ddp, &model)
                     .and_then(|zero| place(zero, ddp))
                     .map_err(|e| format!("--optimizer zero: {e}"))?,
             )),
-            OptimizerKind::Adamw => Optim::AdamW(
-                AdamWConfig::new()
-                    .with_beta_1(args.beta1)
-                    .with_beta_2(args.beta2)
-                    .with_epsilon(1e-8)
-                    .with_weight_decay(args.weight_decay)
-                    .init(),
-            ),
+            OptimizerKind::Adamw => Optim::AdamW(Box::new(
+                RuledAdamW::new(
+                    &AdamWConfig::new()
+                        .with_beta_1(args.beta1)
+                        .with_beta_2(args.beta2)
+                        .with_epsilon(1e-8)
+                        .with_weight_decay(args.weight_decay),
+                    ddp.params(),
+                    &args.decay.rule(),
+                )
+                .map_err(|e| format!("--optimizer adamw: {e}"))?,
+            )),
         };
         let mut scaler = (args.precision == Precision::F16).then(|| GradScalerConfig::new().init());
 
@@ -147,15 +155,14 @@ impl<'a, B: DistributedAutodiff> Trainer<'a, B> {
         // Checked here, identically on every rank, so that no rank fails alone inside an
         // evaluation while the others wait in its all-reduce.
         let val_windows = data::window_count(corpus.val.len(), seq);
-        if data::eval_indices(val_windows, args.eval_sequences, args.global_batch, 0, 1).is_empty()
-        {
+        if val_windows == 0 {
             return Err(format!(
-                "the validation split has {val_windows} windows of {} tokens and --eval-sequences is {}: at least one global batch of {} is needed (more data, a larger --val-fraction or --eval-sequences, or a smaller --global-batch)",
-                seq + 1,
-                args.eval_sequences,
-                args.global_batch
+                "the validation split has {} tokens, not one window of {} (more data or a larger --val-fraction, or a smaller --context)",
+                corpus.val.len(),
+                seq + 1
             ));
         }
+        let eval = EvalPlan::new(val_windows, args.eval_sequences, args.seed);
 
         let bar = if rank == 0 {
             let bar = ProgressBar::with_draw_target(
@@ -193,6 +200,7 @@ impl<'a, B: DistributedAutodiff> Trainer<'a, B> {
             optim,
             scaler,
             loader,
+            eval,
             start,
             // A malformed value was already refused when the rank joined the job.
             restart: burn_dist_comm::env::restart_count().unwrap_or(0),
@@ -227,16 +235,20 @@ impl<'a, B: DistributedAutodiff> Trainer<'a, B> {
             ));
             // The evaluated windows are a finite sample: the ideal model's loss on exactly
             // their targets is the floor the validation loss is compared with in practice.
-            let (seq, batch) = (config.context, args.global_batch);
-            let windows = data::window_count(self.corpus.val.len(), seq);
-            let evaluated = args.eval_sequences.min(windows) / batch * batch;
-            if evaluated > 0 {
-                self.say(format!(
-                    "the ideal model scores {:.4} nats/token on the {evaluated} validation windows evaluated",
-                    chain.oracle_loss(&self.corpus.val[..evaluated * seq + 1])
-                ));
-            }
+            let seq = config.context;
+            let oracle: f64 = self
+                .eval
+                .windows
+                .iter()
+                .map(|&i| chain.oracle_loss(&self.corpus.val[i * seq..i * seq + seq + 1]))
+                .sum::<f64>()
+                / self.eval.windows.len() as f64;
+            self.say(format!(
+                "the ideal model scores {oracle:.4} nats/token on the {} validation windows evaluated",
+                self.eval.windows.len()
+            ));
         }
+        self.say(self.eval.describe(config.context));
         self.say(format!(
             "model: {} layers, width {}, {} heads, context {}, vocabulary {}, {:.3} M parameters, {:?}",
             config.n_layer,
@@ -261,6 +273,24 @@ impl<'a, B: DistributedAutodiff> Trainer<'a, B> {
                 OptimizerKind::Adamw => String::new(),
             }
         ));
+        let params = self.ddp.params();
+        let decayed = args
+            .decay
+            .rule()
+            .resolve(params)
+            .map_or(0, |decays| decays.iter().filter(|&&d| d).count());
+        self.say(match args.decay {
+            DecayKind::Matrices => format!(
+                "weight decay {} on the {decayed} of {} parameter tensors with two or more dimensions (--decay matrices; --decay all: every one)",
+                args.weight_decay,
+                params.len()
+            ),
+            DecayKind::All => format!(
+                "weight decay {} on all {} parameter tensors (--decay all)",
+                args.weight_decay,
+                params.len()
+            ),
+        });
         match (self.start, self.restart) {
             (0, 0) => {}
             (0, n) => self.say(format!("restart {n}: no checkpoint yet, starting afresh")),
@@ -441,35 +471,34 @@ impl<'a, B: DistributedAutodiff> Trainer<'a, B> {
         Ok(f64::from(v[0]))
     }
 
-    /// Mean validation loss over the same windows at every world size: each rank sums the loss
-    /// of its share, one all-reduce adds the sums.
+    /// Mean validation loss over the plan's windows, the same at every world size: each rank
+    /// sums the loss of its share, weighted by windows, and the sums are added.
     fn evaluate(&self) -> Result<f64, String> {
         let (args, seq) = (self.args, self.config.context);
         let model = self.model.as_ref().expect("the model is in place").valid();
-        let windows = data::window_count(self.corpus.val.len(), seq);
         let (rank, world) = (self.rank(), self.ddp.world_size());
-        let mine = data::eval_indices(windows, args.eval_sequences, args.global_batch, rank, world);
         let micro = args.global_batch / world / args.accumulation;
         let mut sum = 0.0f64;
-        for chunk in mine.chunks(micro) {
+        for (windows, weight) in self.eval.share(rank, world, micro) {
             let (inputs, targets) =
-                data::batch::<B::InnerBackend>(&self.corpus.val, seq, chunk, &self.device);
+                data::batch::<B::InnerBackend>(&self.corpus.val, seq, &windows, &self.device);
             let loss = model.loss(inputs, targets).into_scalar().elem::<f64>();
-            sum += loss * chunk.len() as f64;
+            sum += loss * weight as f64;
         }
-        let totals = self
+        // Gathered and added in rank order in f64: the same total on every rank, and no f32
+        // rounding of a sum over thousands of windows.
+        let all = self
             .ddp
             .communicator()
-            .all_reduce(
-                HostBuffer::F32(vec![sum as f32, mine.len() as f32]),
-                ReduceOp::Sum,
-            )
+            .all_gather(HostBuffer::U8(sum.to_le_bytes().to_vec()), 8 * world)
             .wait()
             .map_err(|e| format!("summing the validation loss: {e}"))?;
-        let HostBuffer::F32(t) = totals else {
-            unreachable!("an f32 all-reduce returns f32")
-        };
-        Ok(f64::from(t[0]) / f64::from(t[1]))
+        let total: f64 = all
+            .as_bytes()
+            .chunks_exact(8)
+            .map(|rank| f64::from_le_bytes(rank.try_into().expect("8 bytes")))
+            .sum();
+        Ok(total / self.eval.windows.len() as f64)
     }
 
     /// Every rank's resident memory and its peak so far in MiB, gathered (in rank order) on
@@ -547,9 +576,13 @@ impl<'a, B: DistributedAutodiff> Trainer<'a, B> {
             crate::plot::plot(&records, outcome.floor, &path)?;
             self.say(format!("plot: {}", path.display()));
         }
-        let val = outcome
-            .final_val_loss
-            .map_or("-".into(), |v| format!("{v:.4}"));
+        let val = outcome.final_val_loss.map_or("-".into(), |v| {
+            format!(
+                "{v:.4} ({} of {} windows)",
+                self.eval.windows.len(),
+                self.eval.total
+            )
+        });
         let gap = match (outcome.final_val_loss, outcome.floor) {
             (Some(v), Some(f)) => format!(", floor {f:.4}, gap {:+.4} nats/token", v - f),
             _ => String::new(),

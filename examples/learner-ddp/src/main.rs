@@ -74,12 +74,7 @@ fn train(args: Args) -> Result<(), String> {
     if rank != 0 {
         // Rank 0's logs go to `experiment.log` through burn-train's own logger; the other
         // ranks switch that off, so their warnings go to stderr.
-        tracing_subscriber::fmt()
-            .with_writer(std::io::stderr)
-            // The launcher and log files are not terminals: colour codes only where one reads.
-            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-            .with_env_filter("warn")
-            .init();
+        burn_dist_comm::logging::init_stderr("warn");
     }
     let run = Run {
         samples: args.samples,

@@ -13,7 +13,7 @@ use std::time::Duration;
 use burn::backend::Autodiff;
 use burn_dist::DistributedBackend;
 use burn_dist_models::assert_close;
-use burn_dist_models::processes::{launcher, scratch_dir, watch};
+use burn_dist_models::processes::{assert_plain_logs, launcher, scratch_dir, watch};
 use burn_dist_models::step::read_params;
 use burn_flex::{Flex, FlexDevice};
 use learner_ddp::Run;
@@ -238,4 +238,30 @@ fn a_forgotten_mark_under_the_learner_fails_at_the_first_step_naming_the_fix() {
         assert!(!out.exists(), "{optimizer}: parameters were written");
     }
     std::fs::remove_dir_all(&root).ok();
+}
+
+/// Off a terminal the logs are plain text: with stdout and stderr redirected to files, rank
+/// 1's logs (rank 0's go to burn-train's `experiment.log`, written without colour) and the
+/// launcher's `[rank R]` prefixes carry no colour codes.
+#[test]
+fn logs_redirected_to_files_carry_no_colour_codes() {
+    let root = scratch_dir("learner-plain-logs");
+    let mut command = Command::new(launcher());
+    command
+        .args(["--nproc-per-node", "2", "--master-port", "0", "--"])
+        .arg(env!("CARGO_BIN_EXE_learner-ddp"))
+        .arg("--artifact-dir")
+        .arg(root.join("artifacts"))
+        .args(["--epochs", "1", "--samples", "16", "--valid-samples", "8"])
+        .env("BURN_DIST_TIMEOUT_SECS", "60");
+    let logs = assert_plain_logs(command, &root, "learner-ddp");
+    assert!(
+        logs.lines()
+            .any(|l| l.starts_with("[rank 1] ") && l.contains("INFO")),
+        "{logs}"
+    );
+    let log = std::fs::read(root.join("artifacts").join("experiment.log"))
+        .expect("rank 0's experiment.log");
+    assert!(!log.contains(&0x1b), "colour codes in experiment.log");
+    let _ = std::fs::remove_dir_all(&root);
 }

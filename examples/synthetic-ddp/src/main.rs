@@ -48,12 +48,7 @@ enum Model {
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        // The launcher and log files are not terminals: colour codes only where one reads.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_env_filter("warn")
-        .init();
+    burn_dist_comm::logging::init_stderr("warn");
     match run(Args::parse()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(message) => {

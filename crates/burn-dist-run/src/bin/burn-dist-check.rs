@@ -40,13 +40,7 @@ enum Dtype {
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    burn_dist_comm::logging::init_stderr("warn");
     match run(Args::parse()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(message) => {

@@ -88,20 +88,6 @@ impl Loader {
     }
 }
 
-/// Rank `rank`'s share of the validation windows: the first `wanted` windows, rounded down to a
-/// multiple of `global_batch` (so every world size evaluates the same windows), every world-th
-/// from `rank`.
-pub fn eval_indices(
-    windows: usize,
-    wanted: usize,
-    global_batch: usize,
-    rank: usize,
-    world: usize,
-) -> Vec<usize> {
-    let count = wanted.min(windows) / global_batch * global_batch;
-    (rank..count).step_by(world).collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -159,15 +145,5 @@ mod tests {
                 .unwrap_err()
                 .contains("world size 3")
         );
-    }
-
-    #[test]
-    fn validation_windows_are_split_without_overlap_and_independent_of_world_size() {
-        let mut all: Vec<usize> = (0..4)
-            .flat_map(|r| eval_indices(100, 37, 8, r, 4))
-            .collect();
-        all.sort();
-        assert_eq!(all, (0..32).collect::<Vec<_>>());
-        assert_eq!(eval_indices(100, 37, 8, 0, 1), (0..32).collect::<Vec<_>>());
     }
 }

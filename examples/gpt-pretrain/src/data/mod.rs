@@ -9,15 +9,17 @@ mod loader;
 pub mod shards;
 pub mod synthetic;
 pub mod text;
+mod validation;
 
 use std::path::PathBuf;
 
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
 
-pub use loader::{Loader, eval_indices};
+pub use loader::Loader;
 use synthetic::MarkovChain;
 use text::Tokenizer;
+pub use validation::{EvalPlan, EvalWindows};
 
 /// Where the corpus comes from.
 #[derive(Debug, Clone, PartialEq)]

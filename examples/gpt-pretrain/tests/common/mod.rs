@@ -123,6 +123,11 @@ pub struct Run {
 
 pub fn launched(dir: &Path, world: usize, extra: &[&str]) -> Run {
     let name = format!("world{world}{}", extra.join(""));
+    launched_as(dir, &name, world, extra)
+}
+
+/// [`launched`], its files named `name` under `dir` (for arguments that are paths).
+pub fn launched_as(dir: &Path, name: &str, world: usize, extra: &[&str]) -> Run {
     let metrics = dir.join(format!("{name}.jsonl"));
     let params = dir.join(format!("{name}.bin"));
     let output = Command::new(launcher())
@@ -137,7 +142,7 @@ pub fn launched(dir: &Path, world: usize, extra: &[&str]) -> Run {
         .args(RUN)
         .args(extra)
         .arg("--run-dir")
-        .arg(dir.join(&name))
+        .arg(dir.join(name))
         .arg("--metrics")
         .arg(&metrics)
         .arg("--out")
