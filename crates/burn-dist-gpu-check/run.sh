@@ -2,12 +2,15 @@
 # The burn-dist device check, on the GPU machine. `cargo xtask gpu-check` copies this script,
 # the binary, fused_adamw_torch.py and gpt2_torch.py into target-gpu/; run it from anywhere:
 #
+#     bash target-gpu/run.sh both       # core, then device, in one device call (the first run)
 #     bash target-gpu/run.sh            # the core checks (NCCL, kernels, fused step, DDP step)
+#     bash target-gpu/run.sh device     # Burn's Cuda (fusion on) on the device path, ZeroAdam's step
 #     bash target-gpu/run.sh gpt        # the end-to-end GPT-2 124M comparison with PyTorch
 #     bash target-gpu/run.sh libraries  # only the library look-up and the version check
 #
-# Each suite is one device call of 7 minutes with the machine's start: its limits add up to at
-# most SUITE_LIMIT_S (below), run the core suite first. The script finds libnccl and libnvrtc
+# A suite's limits add up to at most SUITE_LIMIT_S, `both`'s to BOTH_LIMIT_S (below), so that
+# `both` fits one device call of at most 10 minutes and a machine start each call saves.
+# `both` writes $OUT/core/ and $OUT/device/, each with the three files below. The script finds libnccl and libnvrtc
 # (the toolkit's, else the Python environment's nvidia-* packages), checks that NVRTC is not
 # newer than the driver and that no libcuda stub shadows the driver, runs each check under its
 # own timeout, and writes
@@ -24,13 +27,30 @@
 # (the binary; default beside this script).
 set -uo pipefail
 SUITE="${1:-core}"
-case "$SUITE" in core | gpt | device | libraries) ;; *) echo "usage: run.sh [core|gpt|device|libraries]" >&2; exit 2 ;; esac
+case "$SUITE" in both | core | gpt | device | libraries) ;; *) echo "usage: run.sh [both|core|gpt|device|libraries]" >&2; exit 2 ;; esac
 # What one suite's limits may add up to: a 7-minute device call, less about 90 s for the
 # machine's start and the transfers, less about 20 s for this script's own set-up and report.
 SUITE_LIMIT_S=300
+# core and device in one call of at most 600 s: their limits, each suite's set-up and report
+# (about 20 s each) and the kill margins fit.
+BOTH_LIMIT_S=540
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 OUT="${OUT:-$HERE/out}"
+if [ "$SUITE" = both ]; then
+    OUT="$OUT/core" bash "${BASH_SOURCE[0]}" core
+    core=$?
+    OUT="$OUT/device" bash "${BASH_SOURCE[0]}" device
+    device=$?
+    exit $((core > device ? core : device))
+fi
+# The checks' binary shares compiled kernels and autotune results through this directory
+# (`--cache`): within one device call the later checks do not compile them again.
+CACHE="${GPU_CHECK_CACHE:-$HERE/cubecl-cache}"
+# PyTorch's scripts run with the LD_LIBRARY_PATH the machine gave: the one built below puts
+# the toolkit's lib64 ahead of the wheels' CUDA libraries, and a newer torch wheel then fails
+# at `import torch`. Only the binary needs it.
+ORIGINAL_LD_LIBRARY_PATH="${LD_LIBRARY_PATH-unset}"
 # The interpreter with torch and the nvidia-* wheels: $PYTHON, else the first that imports
 # torch (the workplace's image: a plain python3, /opt/torch/.venv/bin/python3).
 PY=""
@@ -247,7 +267,15 @@ kernel_check() { # name seconds args...
     if [ -n "$NVRTC_BLOCKED" ]; then
         note "$1: not run: NVRTC is newer than the driver (the libraries line)"
     else
-        check "$1" "$2" "$BIN" "${@:3}"
+        check "$1" "$2" "$BIN" "${@:3}" --cache "$CACHE"
+    fi
+}
+# A PyTorch script, under the machine's own LD_LIBRARY_PATH.
+torch_check() { # name seconds script args...
+    if [ "$ORIGINAL_LD_LIBRARY_PATH" = unset ]; then
+        check "$1" "$2" env -u LD_LIBRARY_PATH "$PY" "$HERE/$3" "${@:4}"
+    else
+        check "$1" "$2" env LD_LIBRARY_PATH="$ORIGINAL_LD_LIBRARY_PATH" "$PY" "$HERE/$3" "${@:4}"
     fi
 }
 
@@ -267,13 +295,14 @@ elif [ "$SUITE" = core ]; then
     kernel_check kernels 50 kernels --out "$RESULTS" --device "$DEVICE"
     kernel_check fused-step 60 fused-step --out "$RESULTS" --device "$DEVICE" --elements "$ELEMENTS"
     kernel_check ddp-step 125 ddp-step --out "$RESULTS" --device "$DEVICE"
-    check torch-adamw 30 "$PY" "$HERE/fused_adamw_torch.py" --out "$RESULTS" --device "$DEVICE" --elements "$ELEMENTS"
+    torch_check torch-adamw 30 fused_adamw_torch.py --out "$RESULTS" --device "$DEVICE" --elements "$ELEMENTS"
 elif [ "$SUITE" = device ]; then
-    kernel_check device-path 200 device-path --out "$RESULTS" --device "$DEVICE"
+    # All that `both` leaves after core's 295 s: fusion's autotune and 30 transformer steps.
+    kernel_check device-path 245 device-path --out "$RESULTS" --device "$DEVICE"
 else
     kernel_check gpt-f32 115 gpt-f32 --out "$RESULTS" --device "$DEVICE"
     kernel_check gpt-bf16 115 gpt-bf16 --out "$RESULTS" --device "$DEVICE"
-    check torch-gpt 70 "$PY" "$HERE/gpt2_torch.py" --out "$RESULTS" --device "$DEVICE"
+    torch_check torch-gpt 70 gpt2_torch.py --out "$RESULTS" --device "$DEVICE"
 fi
 rm -rf "$LIBDIR"
 

@@ -21,6 +21,9 @@ const CARRY_LIMIT: u64 = 64 << 20;
 /// The device call's limit: run.sh's 300 s of check limits, its set-up and report, and the
 /// few seconds each timeout may take to kill a check (`--kill-after=5`).
 const CALL_TIMEOUT_S: u64 = 360;
+/// `run.sh both` (core, then device): 540 s of check limits, two set-ups and reports; the
+/// device tool's most for one command.
+const BOTH_TIMEOUT_S: u64 = 600;
 const USAGE: &str =
     "usage: cargo xtask gpu-check [--cuda-version NNNNN]   (default 13000: CUDA 13.0)";
 
@@ -103,17 +106,16 @@ pub fn gpu_check(args: &[String]) -> Result<(), String> {
         "\nxtask: {OUT_DIR}/ is ready: {PACKAGE} ({:.1} MiB, stripped, CUDA bindings \
          {cuda_version}), run.sh, fused_adamw_torch.py, gpt2_torch.py; {:.1} MiB in all.\n\
          \n\
-         Run the core device check with one call of the device tool (its checks' limits add \
-         up to 300 s, so the call fits 7 minutes with the machine's start; results come back \
-         as results.jsonl, gpu-check.md and gpu-check.log; read the libraries and \
-         ddp-step/address lines first):\n\
-         \n    run(command=\"bash {OUT_DIR}/run.sh\", carry=[\"{OUT_DIR}\"], timeout_s={CALL_TIMEOUT_S})\n\
-         \nthen, time permitting (15 minutes of device time hold two such calls), the device \
-         path on Burn's Cuda with fusion (device-path, 200 s of limits):\n\
-         \n    run(command=\"bash {OUT_DIR}/run.sh device\", carry=[\"{OUT_DIR}\"], timeout_s={CALL_TIMEOUT_S})\n\
-         \nor the end-to-end GPT-2 124M comparison with PyTorch (gpt-f32, gpt-bf16, torch-gpt; \
-         300 s of limits):\n\
-         \n    run(command=\"bash {OUT_DIR}/run.sh gpt\", carry=[\"{OUT_DIR}\"], timeout_s={CALL_TIMEOUT_S})\n",
+         Run the core and the device suites with one call of the device tool (their checks' \
+         limits add up to 540 s; one machine start for both; results come back in out/core/ \
+         and out/device/ as results.jsonl, gpu-check.md and gpu-check.log; read the libraries, \
+         nccl-w1 and ddp-step/address lines first):\n\
+         \n    run(command=\"bash {OUT_DIR}/run.sh both\", carry=[\"{OUT_DIR}\"], timeout_s={BOTH_TIMEOUT_S})\n\
+         \nthen, if device time is left (15 minutes in all, machine starts included), the \
+         end-to-end GPT-2 124M comparison with PyTorch (gpt-f32, gpt-bf16, torch-gpt; 300 s \
+         of limits):\n\
+         \n    run(command=\"bash {OUT_DIR}/run.sh gpt\", carry=[\"{OUT_DIR}\"], timeout_s={CALL_TIMEOUT_S})\n\
+         \nA suite alone: `run.sh core` or `run.sh device`, timeout_s={CALL_TIMEOUT_S}.\n",
         binary as f64 / (1 << 20) as f64,
         total as f64 / (1 << 20) as f64,
     );

@@ -31,19 +31,23 @@
 //! only transposed (its gradient is a strided view), two parameters added together (their
 //! gradients share memory with each other and with the rest of backward) and one whose rows
 //! cubecl-cuda pads: the gradients after `Ddp::backward` against the unsynchronized copy's,
-//! and how many private copies the hook made (`private_copies`, 3 expected: the transposed one,
-//! one of the pair, the padded one; `pitched_copies` 1).
-//!
-//! Then `ddp-step/warmup` (written as soon as the cold compilation and autotuning of the
-//! transformer's kernels is done, so a timeout after it still leaves that figure) and
-//! `ddp-step`, the timed comparison, with the private copies per step (0 expected: every
-//! parameter of the block has rows of a multiple of 512 bytes or rank 1).
+//! and how many private copies the hook made (`private_copies`, 4 expected: the transposed one,
+//! both of the pair, since burn-autodiff hands both parents of an add one `dy` and each hook
+//! fires while the other branch still holds it, and the padded one; `pitched_copies` 1; the
+//! same model on wgpu copies the first 3, `burn-dist/tests/device_twin.rs`).
 //!
 //! Then `ddp-step/zero2`: the same `Ddp` switched to ZeRO stage 2 (`shard_gradients` over the
 //! flat layout at world size 1, so the one shard is every gradient) on a fresh pair of models:
 //! one backward of each on the same batch, and the reduced shard (grouped in-place `ncclReduce`
 //! of each parameter piece to its owner, read back by the owner) against the plain model's
-//! gradients, flattened in visit order. It runs whether or not the timed step passed.
+//! gradients, flattened in visit order. It runs before the timed steps, so that a timeout in
+//! them does not cost the only device check of ZeRO-2; the timed models are prepared afresh,
+//! which ends the sharding.
+//!
+//! Then `ddp-step/warmup` (written as soon as the cold compilation and autotuning of the
+//! transformer's kernels is done, so a timeout after it still leaves that figure) and
+//! `ddp-step`, the timed comparison, with the private copies per step (0 expected: every
+//! parameter of the block has rows of a multiple of 512 bytes or rank 1).
 //!
 //! What world size 1 cannot show: that NCCL changes anything (the average of one rank is its
 //! input), and the cost of a real reduction.
@@ -58,7 +62,7 @@ use burn::tensor::backend::Backend;
 use burn_dist::{CudaBackend, CudaDevice, Ddp, DdpConfig, DistributedBackend, FlatLayout};
 use burn_dist_comm::{CommConfig, Group, RankInfo};
 use burn_dist_models::step::{LR, StepConfig, float_params, transformer_step};
-use burn_dist_models::{TransformerBlock, relative_error};
+use burn_dist_models::{SharedGradients, TransformerBlock, relative_error};
 use serde_json::json;
 
 use crate::Options;
@@ -89,9 +93,9 @@ const TOLERANCE: f64 = 1e-6;
 /// The sub-checks after `ddp-step/init`, each reported whether or not another one failed.
 const AFTER_INIT: [&str; 4] = [
     "ddp-step/views",
+    "ddp-step/zero2",
     "ddp-step/warmup",
     "ddp-step",
-    "ddp-step/zero2",
 ];
 
 pub fn run(report: &mut Report, options: &Options) {
@@ -123,15 +127,18 @@ pub fn run(report: &mut Report, options: &Options) {
         Ok(Err(e)) => report.fail("ddp-step/views", e, json!({})),
         Err(panic) => report.fail("ddp-step/views", format!("panicked: {panic}"), json!({})),
     }
-    match guarded(|| measure(report, &mut ddp, &device)) {
-        Ok(Ok((status, fields))) => report.line("ddp-step", status, fields),
-        Ok(Err(e)) => report.fail("ddp-step", e, json!({})),
-        Err(panic) => report.fail("ddp-step", format!("panicked: {panic}"), json!({})),
-    }
+    // ZeRO-2 before the timed steps: the only check of its grouped in-place reduction on the
+    // device must not be the line a timeout cuts. `measure` prepares its own models, and
+    // `Ddp::prepare` registers them afresh, which ends the sharding (`Reducer::register`).
     match guarded(|| zero2(&mut ddp, &device)) {
         Ok(Ok((status, fields))) => report.line("ddp-step/zero2", status, fields),
         Ok(Err(e)) => report.fail("ddp-step/zero2", e, json!({})),
         Err(panic) => report.fail("ddp-step/zero2", format!("panicked: {panic}"), json!({})),
+    }
+    match guarded(|| measure(report, &mut ddp, &device)) {
+        Ok(Ok((status, fields))) => report.line("ddp-step", status, fields),
+        Ok(Err(e)) => report.fail("ddp-step", e, json!({})),
+        Err(panic) => report.fail("ddp-step", format!("panicked: {panic}"), json!({})),
     }
 }
 
@@ -223,61 +230,17 @@ fn read_back(
     }
 }
 
-/// Parameters whose gradients are not plain private tensors.
-#[derive(Module, Debug)]
-struct Views<B: Backend> {
-    /// Used only as `a.transpose()`.
-    a: Param<Tensor<B, 2>>,
-    /// Added together: one gradient for both.
-    p1: Param<Tensor<B, 2>>,
-    p2: Param<Tensor<B, 2>>,
-    /// Rows of `PADDED` f32 (384 bytes), which cubecl-cuda pads to 512.
-    q: Param<Tensor<B, 2>>,
-}
-
-impl Views<B> {
-    /// 128 f32 = 512-byte rows: not padded, so only the transposed view and the shared
-    /// gradient are copied.
-    const ROWS: usize = 16;
-    const IN: usize = 128;
-    const OUT: usize = 128;
-    const PADDED: usize = 96;
-    /// The transposed one, one of the pair, the padded one.
-    const COPIES: u64 = 3;
-    const PITCHED_COPIES: u64 = 1;
-
-    fn new(device: &CudaDevice) -> Self {
-        let param = |shape: [usize; 2], seed: u64| {
-            let values = burn_dist_models::uniform(shape[0] * shape[1], seed, 0, 0.5);
-            Param::from_tensor(Tensor::from_data(
-                burn::tensor::TensorData::new(values, shape),
-                device,
-            ))
-        };
-        Views {
-            a: param([Self::OUT, Self::IN], 1),
-            p1: param([Self::ROWS, Self::OUT], 2),
-            p2: param([Self::ROWS, Self::OUT], 3),
-            q: param([Self::ROWS, Self::PADDED], 5),
-        }
-    }
-
-    fn loss(&self, x: Tensor<B, 2>) -> Tensor<B, 1> {
-        let y = x.matmul(self.a.val().transpose()) + self.p1.val() + self.p2.val();
-        y.powi_scalar(2).mean() + self.q.val().powi_scalar(2).mean()
-    }
-}
+/// The model of `ddp-step/views` (see its documentation for the copies it calls for).
+type Views = SharedGradients<B>;
+/// On CUDA: the transposed one, both of the pair (burn-autodiff hands both parents of an add
+/// the same `dy`), and the padded one.
+const COPIES: u64 = Views::UNPITCHED_COPIES + PITCHED_COPIES;
+const PITCHED_COPIES: u64 = 1;
 
 fn views(ddp: &mut Ddp, device: &CudaDevice) -> Result<(Status, Fields), String> {
     let model = ddp.prepare(Views::new(device)).map_err(|e| e.to_string())?;
     let plain = Views::new(device);
-    let x = Tensor::<B, 2>::from_data(
-        burn::tensor::TensorData::new(
-            burn_dist_models::uniform(Views::ROWS * Views::IN, 4, 0, 1.0),
-            [Views::ROWS, Views::IN],
-        ),
-        device,
-    );
+    let x = Views::input(device);
     let before = ddp.stats();
     let grads = ddp
         .backward(model.loss(x.clone()), &model)
@@ -306,10 +269,10 @@ fn views(ddp: &mut Ddp, device: &CudaDevice) -> Result<(Status, Fields), String>
     // the reducer, that differs from the prediction.
     let fields = json!({
         "private_copies": copies,
-        "private_copies_expected": Views::COPIES,
+        "private_copies_expected": COPIES,
         "pitched_copies": pitched,
-        "pitched_copies_expected": Views::PITCHED_COPIES,
-        "copies_as_expected": copies == Views::COPIES && pitched == Views::PITCHED_COPIES,
+        "pitched_copies_expected": PITCHED_COPIES,
+        "copies_as_expected": copies == COPIES && pitched == PITCHED_COPIES,
         "grads_bitwise_equal": bitwise,
         "grads_relative_error": error,
     });

@@ -44,7 +44,7 @@ mod nccl_w1;
 
 const USAGE: &str = "\
 usage: burn-dist-gpu-check <nccl-w1 | kernels | fused-step | ddp-step | device-path | gpt-f32 | gpt-bf16 | gpt | versions>
-           [--out FILE] [--device N] [--elements N]
+           [--out FILE] [--device N] [--elements N] [--cache DIR]
 
   nccl-w1     NCCL communicator at world size 1 (loopback store), every collective x dtype
   kernels     the fused-kernel checks on the CUDA runtime, bf16 included
@@ -58,7 +58,8 @@ usage: burn-dist-gpu-check <nccl-w1 | kernels | fused-step | ddp-step | device-p
   gpt-bf16    the same, bf16 parameters and ZeroAdam on the GPU (gpt: both)
   versions    prints nvrtc=X.Y driver=X.Y as this binary loads them (none, stub)
 
-Results: one JSON line per result, appended to --out (default gpu-check.jsonl).";
+Results: one JSON line per result, appended to --out (default gpu-check.jsonl). --cache DIR:
+cubecl keeps compiled kernels and autotune results there, for the next checks of the call.";
 
 /// The fused step's default size: 2^28 f32 (10 GB moved per step, far past the caches). At
 /// 2^30 the host-side set-up (random state tiled to the length, then uploaded) took most of
@@ -72,6 +73,9 @@ pub struct Options {
     pub out: std::path::PathBuf,
     pub device: usize,
     pub elements: usize,
+    /// Where cubecl keeps compiled kernels (PTX) and autotune results between the checks of
+    /// one device call (`--cache DIR`; none: every check compiles and tunes cold).
+    pub cache: Option<std::path::PathBuf>,
 }
 
 fn parse(args: &[String]) -> Result<(String, Options), String> {
@@ -80,6 +84,7 @@ fn parse(args: &[String]) -> Result<(String, Options), String> {
         out: "gpu-check.jsonl".into(),
         device: 0,
         elements: DEFAULT_ELEMENTS,
+        cache: None,
     };
     let mut rest = args[1..].iter();
     while let Some(flag) = rest.next() {
@@ -93,6 +98,7 @@ fn parse(args: &[String]) -> Result<(String, Options), String> {
             "--out" => options.out = value.into(),
             "--device" => options.device = number()?,
             "--elements" => options.elements = number()?,
+            "--cache" => options.cache = Some(value.into()),
             other => return Err(format!("unknown option {other:?}")),
         }
     }
@@ -126,6 +132,9 @@ fn run(check: &str, options: &Options) -> ExitCode {
         println!("{}", libraries::versions());
         return ExitCode::SUCCESS;
     }
+    if let Some(dir) = &options.cache {
+        keep_kernels_in(dir);
+    }
     let mut report = match report::Report::open(&options.out) {
         Ok(report) => report,
         Err(e) => {
@@ -155,4 +164,19 @@ fn run(check: &str, options: &Options) -> ExitCode {
     } else {
         ExitCode::FAILURE
     }
+}
+
+/// cubecl compiles every kernel with NVRTC and autotunes matmuls and fusion in each process,
+/// and keeps neither by default (cubecl-runtime 0.10 `config/compilation.rs`: `cache: None`).
+/// The checks of one device call are processes of this binary, so with a directory they share,
+/// only the first to need a kernel compiles it, and a tuned shape is not tuned again. Set
+/// before any cubecl client exists (cubecl reads its configuration once).
+#[cfg(feature = "cuda")]
+fn keep_kernels_in(dir: &std::path::Path) {
+    use cubecl::config::cache::CacheConfig;
+    use cubecl::config::{CubeClRuntimeConfig, RuntimeConfig};
+    let mut config = CubeClRuntimeConfig::from_current_dir();
+    config.compilation.cache = Some(CacheConfig::File(dir.join("compilation")));
+    config.autotune.cache = CacheConfig::File(dir.join("autotune"));
+    CubeClRuntimeConfig::set(config.override_from_env());
 }

@@ -17,10 +17,13 @@ use serde_json::Value;
 /// What one suite's limits may add up to (run.sh's SUITE_LIMIT_S): a 7-minute device call,
 /// less the machine's start and the transfers.
 const SUITE_LIMIT_S: u64 = 300;
+/// What `both`'s limits may add up to (run.sh's BOTH_LIMIT_S): one device call of at most 600 s
+/// (the device tool's limit per command), less each suite's set-up and report.
+const BOTH_LIMIT_S: u64 = 540;
 
 const STAND_IN_BIN: &str = r#"#!/usr/bin/env bash
 first="${LD_LIBRARY_PATH%%:*}"
-echo "$1 NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME:-} FIRST_DIR=$(ls "$first" | tr '\n' ,) LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}" >>"$FAKE_CALLS"
+echo "$1 ARGS=[$*] NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME:-} FIRST_DIR=$(ls "$first" | tr '\n' ,) LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}" >>"$FAKE_CALLS"
 case "$1" in
     versions) echo "nvrtc=$FAKE_NVRTC_VERSION driver=$FAKE_DRIVER_VERSION" ;;
     *) echo "{\"check\": \"$1/stand-in\", \"status\": \"pass\", \"unix_time\": 0}" >>"$3" ;;
@@ -31,7 +34,7 @@ esac
 /// except that PyTorch's scripts are only recorded.
 const STAND_IN_PYTHON: &str = r#"#!/usr/bin/env bash
 case "${1:-}" in
-    *_torch.py) echo "$(basename "$1") NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME:-}" >>"$FAKE_CALLS"; exit 0 ;;
+    *_torch.py) echo "$(basename "$1") NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME:-} LD_LIBRARY_PATH=${LD_LIBRARY_PATH-unset}" >>"$FAKE_CALLS"; exit 0 ;;
 esac
 exec python3 -S "$@"
 "#;
@@ -105,6 +108,11 @@ impl Machine {
 
     /// Runs `bash run.sh suite` with the stand-ins; `env` adds or overrides variables.
     fn run(&self, suite: &str, env: &[(&str, &str)]) -> Run {
+        self.run_removing(suite, env, &[])
+    }
+
+    /// [`Machine::run`] with the variables `removed` taken out of the environment.
+    fn run_removing(&self, suite: &str, env: &[(&str, &str)], removed: &[&str]) -> Run {
         let run_sh = Path::new(env!("CARGO_MANIFEST_DIR")).join("run.sh");
         let out = self.dir.path().join("out");
         let calls = self.dir.path().join("calls.txt");
@@ -129,8 +137,12 @@ impl Machine {
             .env("FAKE_CALLS", &calls)
             .env("FAKE_NVRTC_VERSION", "13.0")
             .env("FAKE_DRIVER_VERSION", "13.0");
+        command.env("GPU_CHECK_CACHE", self.dir.path().join("cache"));
         for (name, value) in env {
             command.env(name, value);
+        }
+        for name in removed {
+            command.env_remove(name);
         }
         let output = command.output().expect("bash runs");
         let read = |name: &str| std::fs::read_to_string(out.join(name)).unwrap_or_default();
@@ -411,8 +423,96 @@ fn nccl_uses_the_loopback_unless_told_otherwise() {
     }
     let told = machine.run("core", &[("NCCL_SOCKET_IFNAME", "eth7")]);
     assert!(
-        told.calls.contains("nccl-w1 NCCL_SOCKET_IFNAME=eth7 "),
+        told.call("nccl-w1").contains(" NCCL_SOCKET_IFNAME=eth7 "),
         "{}",
         told.calls
+    );
+}
+
+/// `both` runs core, then device, in one call (one machine start), each suite writing its own
+/// folder, and its limits fit one device call; the later checks of the binary share cubecl's
+/// kernel cache.
+#[test]
+fn both_suites_run_in_one_call_into_two_folders_sharing_the_kernel_cache() {
+    let machine = Machine::new();
+    let both = machine.run("both", &[]);
+    assert!(both.success, "{}", both.stdout);
+    assert_eq!(
+        both.checks(),
+        [
+            "versions",
+            "nccl-w1",
+            "kernels",
+            "fused-step",
+            "ddp-step",
+            "fused_adamw_torch.py",
+            "versions",
+            "device-path"
+        ],
+        "{}",
+        both.calls
+    );
+    let out = machine.path("out");
+    let mut total = 0;
+    // The libraries line and one per binary check (the PyTorch stand-in writes none).
+    for (suite, lines) in [("core", 5), ("device", 2)] {
+        let log = std::fs::read_to_string(out.join(suite).join("gpu-check.log")).unwrap();
+        let results = std::fs::read_to_string(out.join(suite).join("results.jsonl")).unwrap();
+        assert_eq!(results.lines().count(), lines, "{suite}: {results}");
+        assert!(out.join(suite).join("gpu-check.md").exists(), "{suite}");
+        total += Run {
+            log,
+            results: Vec::new(),
+            calls: String::new(),
+            stdout: String::new(),
+            success: true,
+        }
+        .limits()
+        .iter()
+        .map(|(_, s)| s)
+        .sum::<u64>();
+    }
+    assert!(
+        total <= BOTH_LIMIT_S,
+        "both suites' limits add up to {total} s"
+    );
+    for check in ["kernels", "fused-step", "ddp-step", "device-path"] {
+        let cache = machine.path("cache");
+        assert!(
+            both.call(check)
+                .contains(&format!("--cache {}", cache.display())),
+            "{check}: {}",
+            both.call(check)
+        );
+    }
+}
+
+/// The binary runs with the library directory run.sh builds first on LD_LIBRARY_PATH;
+/// PyTorch's scripts with the machine's own, untouched (a toolkit's lib64 ahead of the wheels'
+/// libraries breaks `import torch` with a newer wheel), and without one when it had none.
+#[test]
+fn pytorch_runs_with_the_machines_own_library_path() {
+    let machine = Machine::new();
+    let own = machine.path("machine-lib");
+    std::fs::create_dir_all(&own).unwrap();
+    let own = own.display().to_string();
+    let run = machine.run("core", &[("LD_LIBRARY_PATH", &own)]);
+    let binary = run.ld_library_path("ddp-step");
+    assert!(
+        binary.len() > 1 && binary.last() == Some(&own.as_str()),
+        "{binary:?}"
+    );
+    assert!(
+        run.call("fused_adamw_torch.py")
+            .ends_with(&format!(" LD_LIBRARY_PATH={own}")),
+        "{}",
+        run.calls
+    );
+    let none = machine.run_removing("core", &[], &["LD_LIBRARY_PATH"]);
+    assert!(
+        none.call("fused_adamw_torch.py")
+            .ends_with(" LD_LIBRARY_PATH=unset"),
+        "{}",
+        none.calls
     );
 }

@@ -99,6 +99,63 @@ impl<B: Backend> ModuleMapper<B> for SetValues {
     }
 }
 
+/// Parameters whose gradients the device path must not reduce where they are:
+/// - `a`, used only as `aᵀ`: its gradient is a transposed (strided) view;
+/// - `p1` and `p2`, added to the same tensor (`y = x·aᵀ + p1 + p2`): burn-autodiff's backward of
+///   an add hands one `dy` handle to both parents (`ops::backward::binary` registers the left
+///   parent's clone before the right's), so when each of the two parameters' hooks fires the
+///   memory is still held by the other branch's pending gradient, and cubecl's `can_mut`
+///   (nothing else holds the handle) is false for both: two copies, not one;
+/// - `q`, rows of [`SharedGradients::PADDED`] f32 (384 bytes), which cubecl-cuda pitches to
+///   512 bytes and the wgpu runtime does not.
+///
+/// So the device path copies 3 gradients on wgpu without fusion (`a`, `p1`, `p2`) and 4 on
+/// CUDA (and `q`, a pitched copy); `tests/device_twin.rs` and the GPU check's `ddp-step/views`
+/// assert it.
+#[derive(Module, Debug)]
+pub struct SharedGradients<B: Backend> {
+    pub a: Param<Tensor<B, 2>>,
+    pub p1: Param<Tensor<B, 2>>,
+    pub p2: Param<Tensor<B, 2>>,
+    pub q: Param<Tensor<B, 2>>,
+}
+
+impl<B: Backend> SharedGradients<B> {
+    /// Rows of the input and of `p1`, `p2`, `q`.
+    pub const ROWS: usize = 16;
+    /// 128 f32 = 512-byte rows: not padded.
+    pub const IN: usize = 128;
+    pub const OUT: usize = 128;
+    /// 96 f32 = 384-byte rows: padded on CUDA.
+    pub const PADDED: usize = 96;
+    /// Private copies without padded rows: the transposed one and both of the pair.
+    pub const UNPITCHED_COPIES: u64 = 3;
+
+    pub fn new(device: &B::Device) -> Self {
+        let param = |shape: [usize; 2], seed: u64| {
+            let values = uniform(shape[0] * shape[1], seed, 0, 0.5);
+            Param::from_tensor(Tensor::from_data(TensorData::new(values, shape), device))
+        };
+        SharedGradients {
+            a: param([Self::OUT, Self::IN], 1),
+            p1: param([Self::ROWS, Self::OUT], 2),
+            p2: param([Self::ROWS, Self::OUT], 3),
+            q: param([Self::ROWS, Self::PADDED], 5),
+        }
+    }
+
+    /// The seeded input `[ROWS, IN]`.
+    pub fn input(device: &B::Device) -> Tensor<B, 2> {
+        let values = uniform(Self::ROWS * Self::IN, 4, 0, 1.0);
+        Tensor::from_data(TensorData::new(values, [Self::ROWS, Self::IN]), device)
+    }
+
+    pub fn loss(&self, x: Tensor<B, 2>) -> Tensor<B, 1> {
+        let y = x.matmul(self.a.val().transpose()) + self.p1.val() + self.p2.val();
+        y.powi_scalar(2).mean() + self.q.val().powi_scalar(2).mean()
+    }
+}
+
 /// A three-layer perceptron.
 #[derive(Module, Debug)]
 pub struct Mlp<B: Backend> {

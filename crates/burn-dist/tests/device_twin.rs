@@ -300,3 +300,58 @@ fn f16_gradients_are_reduced_in_f16_on_the_device_path() {
         burn_dist_testing::assert_close(&values, &reference, 1e-2, &format!("rank {rank}"));
     }
 }
+
+/// The copies worked out in `burn_dist_models::SharedGradients`: without fusion, a gradient
+/// that is a transposed view and both parameters of an add (whose backward hands both parents
+/// one `dy`, still shared when each hook fires) are copied before their reduction, three in
+/// all (nothing pads rows on wgpu); the gradients equal the unsynchronized model's.
+#[test]
+fn shared_and_strided_gradients_are_copied_and_both_parents_of_an_add_are_shared() {
+    use burn_dist::{Ddp, DistributedAutodiff};
+    use burn_dist_comm::{CommConfig, HostCommunicator};
+    use burn_dist_testing::SharedGradients;
+    type D = Autodiff<DistributedBackend<WgpuPlain>>;
+    burn_dist_kernels::testing::wgpu_client();
+    let device = WgpuDevice::default();
+    let comm = HostCommunicator::local_group(1, &CommConfig::default()).remove(0);
+    let mut ddp = Ddp::for_thread_staged::<WgpuPlain>(comm, DdpConfig::new(), &device);
+    let model = D::prepare_model(&mut ddp, SharedGradients::<D>::new(&device)).unwrap();
+    let before = ddp.stats();
+    let grads = ddp
+        .backward(model.loss(SharedGradients::<D>::input(&device)), &model)
+        .unwrap()
+        .expect("gradients");
+    let stats = ddp.stats();
+    assert_eq!(
+        (
+            stats.private_copies - before.private_copies,
+            stats.pitched_copies - before.pitched_copies
+        ),
+        (SharedGradients::<D>::UNPITCHED_COPIES, 0),
+        "private and pitched copies"
+    );
+    let plain = SharedGradients::<Autodiff<WgpuPlain>>::new(&device);
+    let x = SharedGradients::<Autodiff<WgpuPlain>>::input(&device);
+    let reference = burn::optim::GradientsParams::from_grads(plain.loss(x).backward(), &plain);
+    let pairs = [
+        (model.a.id, plain.a.id),
+        (model.p1.id, plain.p1.id),
+        (model.p2.id, plain.p2.id),
+        (model.q.id, plain.q.id),
+    ];
+    for (name, (synced, unsynced)) in ["a", "p1", "p2", "q"].into_iter().zip(pairs) {
+        let got = grads
+            .get::<DistributedBackend<WgpuPlain>, 2>(synced)
+            .expect("a gradient")
+            .into_data()
+            .to_vec::<f32>()
+            .unwrap();
+        let want = reference
+            .get::<WgpuPlain, 2>(unsynced)
+            .expect("a gradient")
+            .into_data()
+            .to_vec::<f32>()
+            .unwrap();
+        assert_eq!(got, want, "{name}'s gradient after Ddp::backward");
+    }
+}

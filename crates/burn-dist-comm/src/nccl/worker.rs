@@ -366,7 +366,7 @@ impl Worker {
         if let Some(e) = first_error {
             return Err(e);
         }
-        self.settle(what)?;
+        self.settle(what, self.timeout)?;
         self.stream
             .record_event(None)
             .map_err(|e| cuda_error(self.rank, &format!("recording the completion of {what}"), e))
@@ -583,13 +583,13 @@ impl Worker {
     }
 
     /// Waits until the communicator has finished the call in progress (non-blocking mode),
-    /// up to the timeout.
-    fn settle(&self, what: &str) -> Result<()> {
-        let deadline = Instant::now() + self.timeout;
+    /// up to `limit`.
+    fn settle(&self, what: &str, limit: Duration) -> Result<()> {
+        let deadline = Instant::now() + limit;
         let mut idle = Backoff::default();
         while self.async_state(what)? {
             if Instant::now() > deadline {
-                return Err(self.timed_out(what));
+                return Err(self.timed_out(what, limit));
             }
             idle.wait();
         }
@@ -606,13 +606,13 @@ impl Worker {
         nccl_result(self.rank, what, state, Some(self.comm.0))
     }
 
-    fn timed_out(&self, what: &str) -> CommError {
+    fn timed_out(&self, what: &str, limit: Duration) -> CommError {
         CommError::Aborted {
             by: self.rank,
             reason: format!(
                 "{what} did not complete within {} s on rank {}; the NCCL communicator was \
                  aborted (a peer died or hangs, or the ranks issued different collectives)",
-                self.timeout.as_secs_f32(),
+                limit.as_secs_f32(),
                 self.rank
             ),
         }
@@ -640,7 +640,9 @@ impl Worker {
                     let since = *head.head_since.get_or_insert_with(Instant::now);
                     let cause = match self.async_state(&what) {
                         Err(e) => Some(e),
-                        Ok(_) if since.elapsed() > self.timeout => Some(self.timed_out(&what)),
+                        Ok(_) if since.elapsed() > self.timeout => {
+                            Some(self.timed_out(&what, self.timeout))
+                        }
                         Ok(_) => None,
                     };
                     if let Some(cause) = cause {
@@ -700,7 +702,7 @@ impl Worker {
     }
 
     /// Finalizes and destroys the communicator after the last collective (aborts it when that
-    /// does not finish within the timeout).
+    /// does not finish within [`FINALIZE_TIMEOUT`]).
     fn shut_down(&mut self) {
         if self.comm.0.is_null() {
             return;
@@ -712,7 +714,7 @@ impl Worker {
             unsafe { sys::ncclCommFinalize(self.comm.0) },
             Some(self.comm.0),
         )
-        .and_then(|_| self.settle("ncclCommFinalize"));
+        .and_then(|_| self.settle("ncclCommFinalize", self.timeout.min(FINALIZE_TIMEOUT)));
         match finalized {
             Ok(()) => {
                 let comm = std::mem::replace(&mut self.comm.0, std::ptr::null_mut());
@@ -729,6 +731,12 @@ impl Worker {
         }
     }
 }
+
+/// How long closing may wait for `ncclCommFinalize` before it aborts the communicator. Every
+/// collective has completed by then, so a finalize that waits is a peer that is gone or NCCL's
+/// proxy stuck; waiting for the whole collective timeout (10 minutes on the DDP path) would
+/// only hold the process after its work is done.
+const FINALIZE_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl Drop for Worker {
     fn drop(&mut self) {
