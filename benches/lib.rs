@@ -103,6 +103,7 @@ impl ReducerCheck {
             private_copies: 0,
             pitched_copies: 0,
             device_launches: 0,
+            device_calls: 0,
             // Each f32 gradient is read to the host and its mean written back.
             bytes_to_host: self.last.bytes_to_host + self.bytes_per_step,
             bytes_to_device: self.last.bytes_to_device + self.bytes_per_step,

@@ -7,6 +7,7 @@
 #     bash target-gpu/run.sh device     # Burn's Cuda (fusion on) on the device path, ZeroAdam's step
 #     bash target-gpu/run.sh gpt        # the end-to-end GPT-2 124M comparison with PyTorch
 #     bash target-gpu/run.sh libraries  # only the library look-up and the version check
+#     bash target-gpu/run.sh sanitize   # the kernels check under compute-sanitizer, if present
 #
 # A suite's limits add up to at most SUITE_LIMIT_S, `both`'s to BOTH_LIMIT_S (below), so that
 # `both` fits one device call of at most 10 minutes and a machine start each call saves.
@@ -27,7 +28,7 @@
 # (the binary; default beside this script).
 set -uo pipefail
 SUITE="${1:-core}"
-case "$SUITE" in both | core | gpt | device | libraries) ;; *) echo "usage: run.sh [both|core|gpt|device|libraries]" >&2; exit 2 ;; esac
+case "$SUITE" in both | core | gpt | device | libraries | sanitize) ;; *) echo "usage: run.sh [both|core|gpt|device|libraries|sanitize]" >&2; exit 2 ;; esac
 # What one suite's limits may add up to: a 7-minute device call, less about 90 s for the
 # machine's start and the transfers, less about 20 s for this script's own set-up and report.
 SUITE_LIMIT_S=300
@@ -296,6 +297,33 @@ elif [ "$SUITE" = core ]; then
     kernel_check fused-step 60 fused-step --out "$RESULTS" --device "$DEVICE" --elements "$ELEMENTS"
     kernel_check ddp-step 125 ddp-step --out "$RESULTS" --device "$DEVICE"
     torch_check torch-adamw 30 fused_adamw_torch.py --out "$RESULTS" --device "$DEVICE" --elements "$ELEMENTS"
+elif [ "$SUITE" = sanitize ]; then
+    # Lavapipe cannot show a read past shared memory or a race between a cube's units (two
+    # kernel mutants survive there): compute-sanitizer can. It reports, it never blocks: its
+    # lines are `sanitize/racecheck` and `sanitize/memcheck`, and run.sh's exit code ignores
+    # them.
+    SANITIZER="$(command -v compute-sanitizer 2>/dev/null || true)"
+    [ -z "$SANITIZER" ] && [ -x "${CUDA_PATH:-/nonexistent}/bin/compute-sanitizer" ] && SANITIZER="$CUDA_PATH/bin/compute-sanitizer"
+    if [ -z "$SANITIZER" ]; then
+        result sanitize/tool skip "no compute-sanitizer on PATH nor in ${CUDA_PATH:-no CUDA_PATH}/bin"
+    elif [ -n "$NVRTC_BLOCKED" ]; then
+        note "sanitize: not run: NVRTC is newer than the driver (the libraries line)"
+    else
+        for tool in racecheck memcheck; do
+            note "sanitize/$tool (at most 120 s): $SANITIZER --tool $tool $BIN kernels"
+            report="$OUT/sanitize-$tool.txt"
+            timeout --kill-after=5 120 "$SANITIZER" --tool "$tool" --error-exitcode 99 \
+                "$BIN" kernels --out "$OUT/sanitize-$tool.jsonl" --device "$DEVICE" --cache "$CACHE" \
+                >"$report" 2>&1
+            rc=$?
+            summary="$(grep -m 1 -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$report" | tr -d '=' | sed 's/^ *//')"
+            case $rc in
+                0 | 1) result "sanitize/$tool" pass "" "summary=${summary:-none}" ;;
+                99) result "sanitize/$tool" report "${summary:-errors found}: see sanitize-$tool.txt" ;;
+                *) result "sanitize/$tool" report "exit code $rc (timeout or crash): see sanitize-$tool.txt" ;;
+            esac
+        done
+    fi
 elif [ "$SUITE" = device ]; then
     # All that `both` leaves after core's 295 s: fusion's autotune and 30 transformer steps.
     kernel_check device-path 245 device-path --out "$RESULTS" --device "$DEVICE"
@@ -330,11 +358,15 @@ def summary(r):
     keep = {k: v for k, v in r.items() if k not in ("check", "status", "unix_time")}
     return ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in keep.items())
 
-failed = sum(1 for r in lines if r.get("status") != "pass")
+# `skip` and `report` (the sanitizer's lines) inform, they do not fail the run.
+informs = ("skip", "report")
+failed = sum(1 for r in lines if r.get("status") not in ("pass",) + informs)
+informed = sum(1 for r in lines if r.get("status") in informs)
 out = [f"# burn-dist GPU check, {started}", "",
        f"GPU: {gpu or 'unknown'}; libnccl: {nccl or 'none'}; libnvrtc: {nvrtc or 'none'} "
        f"(NVRTC {nvrtc_version}, driver's CUDA {driver_version})", "",
-       f"{len(lines) - failed} of {len(lines)} results passed.", "",
+       f"{len(lines) - failed - informed} of {len(lines)} results passed"
+       + (f", {informed} reported without a verdict." if informed else "."), "",
        "| check | status | result |", "|---|---|---|"]
 out += [f"| {r.get('check')} | {r.get('status')} | {summary(r)} |" for r in lines]
 text = "\n".join(out) + "\n"

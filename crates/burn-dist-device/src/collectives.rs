@@ -34,6 +34,15 @@ pub trait DeviceCollectives<R: Runtime>: Send + Sync {
         op: ReduceOp,
     ) -> Result<DevicePending>;
 
+    /// [`DeviceCollectives::reduce_scatter`] of every `(slice, counts)` of `parts` (all of one
+    /// dtype), as one collective: one NCCL group, or one host reduce-scatter of the parts'
+    /// chunks laid out rank by rank; one wait. ZeRO-2 reduces a bucket's parameters with it.
+    fn reduce_scatter_each(
+        &self,
+        parts: &[(DeviceSlice<R>, Vec<usize>)],
+        op: ReduceOp,
+    ) -> Result<DevicePending>;
+
     /// All-gather in place, of uneven chunks: `slice` is cut into `counts` as in
     /// [`DeviceCollectives::reduce_scatter`]; this rank's chunk is its contribution, and
     /// afterwards every chunk holds its owner's.

@@ -66,6 +66,7 @@ impl NcclCollectives {
         let Some(client) = client else {
             return Ok(DevicePending::new(|| Ok(())));
         };
+        self.traffic.call();
         cubecl::future::block_on(client.sync()).map_err(|e| DeviceError::Device {
             rank,
             op,
@@ -129,6 +130,25 @@ impl DeviceCollectives<CudaRuntime> for NcclCollectives {
             .enumerate()
             .map(|(root, chunk)| (slice.range(chunk), InPlaceOp::Reduce { root, op }))
             .collect();
+        self.group(OP, calls)
+    }
+
+    fn reduce_scatter_each(
+        &self,
+        parts: &[(DeviceSlice<CudaRuntime>, Vec<usize>)],
+        op: ReduceOp,
+    ) -> Result<DevicePending> {
+        const OP: &str = "device reduce_scatter_each";
+        let mut calls = Vec::new();
+        for (slice, counts) in parts {
+            let chunks = chunk_ranges(counts, self.comm.world_size(), slice.len, self.rank(), OP)?;
+            calls.extend(
+                chunks
+                    .into_iter()
+                    .enumerate()
+                    .map(|(root, chunk)| (slice.range(chunk), InPlaceOp::Reduce { root, op })),
+            );
+        }
         self.group(OP, calls)
     }
 

@@ -30,17 +30,18 @@ impl StagedCollectives {
         StagedCollectives { comm, traffic }
     }
 
-    /// After `pending`, writes `ranges` of its result into the same ranges of `slice`.
+    /// After `pending`, writes each `(slice, from, to)`: elements `from` of its result into
+    /// elements `to` of `slice`. Every staged collective ends here, and counts as one call.
     fn write_back<R: Runtime>(
         &self,
         pending: Pending<HostBuffer>,
-        slice: DeviceSlice<R>,
-        ranges: Vec<(Range<usize>, Range<usize>)>,
+        writes: Vec<(DeviceSlice<R>, Range<usize>, Range<usize>)>,
     ) -> DevicePending {
         let (traffic, rank) = (self.traffic.clone(), self.comm.rank());
+        self.traffic.call();
         DevicePending::new(move || {
             let result = pending.wait()?;
-            for (from, to) in ranges {
+            for (slice, from, to) in writes {
                 upload_into(&slice.range(to), &result.slice(from), &traffic, rank)?;
             }
             Ok(())
@@ -89,17 +90,15 @@ impl<R: Runtime> DeviceCollectives<R> for StagedCollectives {
             .map(|s| download(s, &self.traffic, rank))
             .collect::<Result<Vec<_>>>()?;
         let pending = self.comm.all_reduce(concat(&parts), op);
-        let slices = slices.to_vec();
-        let traffic = self.traffic.clone();
-        Ok(DevicePending::new(move || {
-            let reduced = pending.wait()?;
-            let mut at = 0;
-            for slice in &slices {
-                upload_into(slice, &reduced.slice(at..at + slice.len), &traffic, rank)?;
+        let mut at = 0;
+        let writes = slices
+            .iter()
+            .map(|slice| {
                 at += slice.len;
-            }
-            Ok(())
-        }))
+                (slice.clone(), at - slice.len..at, 0..slice.len)
+            })
+            .collect();
+        Ok(self.write_back(pending, writes))
     }
 
     fn reduce_scatter(
@@ -115,7 +114,58 @@ impl<R: Runtime> DeviceCollectives<R> for StagedCollectives {
         let local = download(slice, &self.traffic, rank)?;
         let pending = self.comm.reduce_scatter_counts(local, op, counts.to_vec());
         let mine = chunks[rank].clone();
-        Ok(self.write_back(pending, slice.clone(), vec![(0..mine.len(), mine)]))
+        Ok(self.write_back(pending, vec![(slice.clone(), 0..mine.len(), mine)]))
+    }
+
+    fn reduce_scatter_each(
+        &self,
+        parts: &[(DeviceSlice<R>, Vec<usize>)],
+        op: ReduceOp,
+    ) -> Result<DevicePending> {
+        const OP: &str = "device reduce_scatter_each";
+        let (rank, world) = (self.comm.rank(), self.comm.world_size());
+        let Some((first, _)) = parts.first() else {
+            return Ok(DevicePending::new(|| Ok(())));
+        };
+        let mut chunks = Vec::with_capacity(parts.len());
+        let mut local = Vec::with_capacity(parts.len());
+        for (slice, counts) in parts {
+            if slice.dtype != first.dtype {
+                return Err(DeviceError::MixedDTypes {
+                    rank,
+                    op: OP,
+                    first: first.dtype,
+                    other: slice.dtype,
+                });
+            }
+            chunks.push(chunk_ranges(counts, world, slice.len, rank, OP)?);
+            slice.check(rank, OP)?;
+            local.push(download(slice, &self.traffic, rank)?);
+        }
+        // One host reduce-scatter: rank q's chunk is its chunks of every part, in part order.
+        let mut by_rank = Vec::with_capacity(world * parts.len());
+        for q in 0..world {
+            for (part, ranges) in local.iter().zip(&chunks) {
+                by_rank.push(part.slice(ranges[q].clone()));
+            }
+        }
+        let counts = (0..world)
+            .map(|q| chunks.iter().map(|ranges| ranges[q].len()).sum())
+            .collect();
+        let pending = self
+            .comm
+            .reduce_scatter_counts(concat(&by_rank), op, counts);
+        let mut at = 0;
+        let writes = parts
+            .iter()
+            .zip(&chunks)
+            .map(|((slice, _), ranges)| {
+                let mine = ranges[rank].clone();
+                at += mine.len();
+                (slice.clone(), at - mine.len()..at, mine)
+            })
+            .collect();
+        Ok(self.write_back(pending, writes))
     }
 
     fn all_gather(&self, slice: &DeviceSlice<R>, counts: &[usize]) -> Result<DevicePending> {
@@ -133,9 +183,9 @@ impl<R: Runtime> DeviceCollectives<R> for StagedCollectives {
             .into_iter()
             .enumerate()
             .filter(|(q, chunk)| *q != rank && !chunk.is_empty())
-            .map(|(q, chunk)| (q * widest..q * widest + chunk.len(), chunk))
+            .map(|(q, chunk)| (slice.clone(), q * widest..q * widest + chunk.len(), chunk))
             .collect();
-        Ok(self.write_back(pending, slice.clone(), others))
+        Ok(self.write_back(pending, others))
     }
 
     fn broadcast(&self, slice: &DeviceSlice<R>, root: usize) -> Result<DevicePending> {
@@ -159,9 +209,9 @@ impl<R: Runtime> DeviceCollectives<R> for StagedCollectives {
         let back = if rank == root {
             Vec::new()
         } else {
-            vec![(0..slice.len, 0..slice.len)]
+            vec![(slice.clone(), 0..slice.len, 0..slice.len)]
         };
-        Ok(self.write_back(pending, slice.clone(), back))
+        Ok(self.write_back(pending, back))
     }
 
     fn traffic(&self) -> &Arc<TrafficCounter> {

@@ -43,6 +43,7 @@ impl std::ops::Add for Traffic {
 pub struct TrafficCounter {
     to_host: AtomicU64,
     to_device: AtomicU64,
+    calls: AtomicU64,
 }
 
 impl TrafficCounter {
@@ -54,6 +55,17 @@ impl TrafficCounter {
     /// `bytes` written to the device.
     pub fn to_device(&self, bytes: usize) {
         self.to_device.fetch_add(bytes as u64, Ordering::Relaxed);
+    }
+
+    /// One collective issued on device memory (one NCCL group, or one staged host collective).
+    pub fn call(&self) {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Collectives issued so far: how many groups (NCCL) or host collectives (staged) the
+    /// device path made, whatever they moved.
+    pub fn calls(&self) -> u64 {
+        self.calls.load(Ordering::Relaxed)
     }
 
     /// The totals so far.

@@ -175,6 +175,59 @@ fn reduce_scatter_of_uneven_chunks_writes_only_this_ranks_chunk() {
     }
 }
 
+/// ZeRO-2's bucket call: two slices, each reduce-scattered into its own uneven counts, in
+/// one collective (one host reduce-scatter, one call counted, where two `reduce_scatter`s
+/// would be two), with exactly the results of reducing each alone and nothing else written.
+#[test]
+fn reduce_scatter_each_is_one_call_with_each_slices_own_chunks() {
+    for world in 1..=4 {
+        let counts_a: Vec<usize> = (0..world).map(|q| 50 + 3 * q).collect();
+        let counts_b: Vec<usize> = (0..world)
+            .map(|q| if q == 0 && world > 1 { 0 } else { 9 + q })
+            .collect();
+        let (na, nb) = (counts_a.iter().sum(), counts_b.iter().sum());
+        let (len, a, b) = layout(na, nb);
+        let inputs: Vec<HostBuffer> = (0..world)
+            .map(|q| rank_data(DType::F32, len, 13, q))
+            .collect();
+        let reduced = |r: &Range<usize>| {
+            let parts: Vec<_> = inputs.iter().map(|i| i.slice(r.clone())).collect();
+            reference_reduce(&parts, ReduceOp::Avg)
+        };
+        let (reduced_a, reduced_b) = (reduced(&a), reduced(&b));
+        let results = ranks(world, |rank| {
+            let whole = rank.buffer(&inputs[rank.rank], DeviceDType::F32);
+            let parts = [
+                (whole.range(a.clone()), counts_a.clone()),
+                (whole.range(b.clone()), counts_b.clone()),
+            ];
+            let calls = DeviceCollectives::<WgpuRuntime>::traffic(&rank.collectives).calls();
+            rank.collectives
+                .reduce_scatter_each(&parts, ReduceOp::Avg)
+                .expect("issue")
+                .wait()
+                .expect("reduce_scatter_each");
+            let calls =
+                DeviceCollectives::<WgpuRuntime>::traffic(&rank.collectives).calls() - calls;
+            (rank.read(&whole), calls)
+        });
+        for (q, (out, calls)) in results.into_iter().enumerate() {
+            assert_eq!(calls, 1, "world {world} rank {q}: one collective");
+            let mut expected = inputs[q].clone();
+            for (slice, counts, reduced) in
+                [(&a, &counts_a, &reduced_a), (&b, &counts_b, &reduced_b)]
+            {
+                let start: usize = counts[..q].iter().sum();
+                let mine = start..start + counts[q];
+                let at = slice.start + mine.start..slice.start + mine.end;
+                expected.as_bytes_mut()[4 * at.start..4 * at.end]
+                    .copy_from_slice(reduced.slice(mine).as_bytes());
+            }
+            assert_eq!(out, expected, "world {world} rank {q}");
+        }
+    }
+}
+
 #[test]
 fn all_gather_of_uneven_chunks_gives_every_rank_every_owners_chunk() {
     for world in 1..=4 {

@@ -516,3 +516,78 @@ fn pytorch_runs_with_the_machines_own_library_path() {
         none.calls
     );
 }
+
+/// `run.sh sanitize` runs the kernels check under the toolkit's compute-sanitizer, racecheck
+/// then memcheck, and reports what it found without failing the run; without the tool it says
+/// so in one line and exits 0 all the same.
+#[test]
+fn the_sanitizer_reports_and_never_blocks() {
+    let machine = Machine::new();
+    let toolkit = machine.dir.path().join("cuda-13.0");
+    let cuda_path = [("CUDA_PATH", toolkit.to_str().unwrap())];
+    let absent = machine.run("sanitize", &cuda_path);
+    assert!(absent.success, "{}\n{}", absent.stdout, absent.log);
+    let skipped: Vec<&Value> = absent
+        .results
+        .iter()
+        .filter(|r| r["check"] == "sanitize/tool")
+        .collect();
+    assert_eq!(skipped.len(), 1, "{:?}", absent.results);
+    assert_eq!(skipped[0]["status"], "skip");
+
+    // A sanitizer that finds errors in racecheck (exit code 99, as run.sh asks) and none in
+    // memcheck; it records its calls and runs the binary it was given.
+    machine.executable(
+        "cuda-13.0/bin/compute-sanitizer",
+        r#"#!/usr/bin/env bash
+tool="$2"
+echo "compute-sanitizer $tool" >>"$FAKE_CALLS"
+shift 4
+"$@"
+if [ "$tool" = racecheck ]; then
+    echo "========= RACECHECK SUMMARY: 1 hazard displayed (1 error, 0 warnings)"
+    exit 99
+fi
+echo "========= ERROR SUMMARY: 0 errors"
+"#,
+    );
+    let run = machine.run("sanitize", &cuda_path);
+    assert!(
+        run.success,
+        "a report must not fail the run\n{}\n{}",
+        run.stdout, run.log
+    );
+    assert_eq!(
+        run.checks(),
+        [
+            "versions",
+            "compute-sanitizer",
+            "kernels",
+            "compute-sanitizer",
+            "kernels"
+        ],
+        "{}",
+        run.calls
+    );
+    let line = |check: &str| {
+        run.results
+            .iter()
+            .find(|r| r["check"] == check)
+            .unwrap_or_else(|| panic!("no {check} line in {:?}", run.results))
+    };
+    assert_eq!(line("sanitize/racecheck")["status"], "report");
+    assert!(
+        line("sanitize/racecheck")["error"]
+            .as_str()
+            .unwrap()
+            .contains("1 hazard"),
+        "{:?}",
+        line("sanitize/racecheck")
+    );
+    assert_eq!(line("sanitize/memcheck")["status"], "pass");
+    assert!(
+        run.stdout.contains("1 reported without a verdict"),
+        "{}",
+        run.stdout
+    );
+}

@@ -30,6 +30,23 @@ pub fn workspace_binary(name: &str) -> PathBuf {
     binary
 }
 
+/// `burn-dist-run --nproc-per-node NPROC --master-port 0 -- PROGRAM`, each collective bounded
+/// to 60 s: add the program's arguments.
+pub fn launch_command(nproc: usize, program: &Path) -> std::process::Command {
+    let mut command = std::process::Command::new(launcher());
+    command
+        .args([
+            "--nproc-per-node",
+            &nproc.to_string(),
+            "--master-port",
+            "0",
+            "--",
+        ])
+        .arg(program)
+        .env("BURN_DIST_TIMEOUT_SECS", "60");
+    command
+}
+
 /// A fresh, empty directory for one test.
 pub fn scratch_dir(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("burn-dist-{name}-{}", std::process::id()));

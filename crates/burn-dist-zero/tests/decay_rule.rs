@@ -73,6 +73,15 @@ fn transformer(world: usize, optimizer: &(impl OptimizerKind + Sync)) -> Vec<Vec
     )
 }
 
+/// A job of one rank (this thread) and the test transformer, prepared.
+fn one_rank_transformer() -> (Ddp, TransformerBlock<B>) {
+    let comm = HostCommunicator::local_group(1, &CommConfig::default()).remove(0);
+    let mut ddp = Ddp::for_thread(comm, DdpConfig::new());
+    let model = TransformerBlock::<B>::new(TRANSFORMER_WIDTH, 2, 11, &FlexDevice);
+    let model = ddp.prepare(model).unwrap();
+    (ddp, model)
+}
+
 /// One step on a zero gradient: Adam's update is zero, so what changes is the decay alone.
 /// Under `DecayRule::Matrices` every tensor of two dimensions is multiplied by exactly
 /// `1 − lr·decay`, and every LayerNorm gain and offset and every bias is left as it was; under
@@ -84,16 +93,7 @@ fn under_the_matrices_rule_a_matrix_decays_and_a_layernorm_gain_and_a_bias_do_no
         (DecayRule::Matrices, 2),
         (DecayRule::All, 1),
     ] {
-        let comm = HostCommunicator::local_group(1, &CommConfig::default()).remove(0);
-        let mut ddp = Ddp::for_thread(comm, DdpConfig::new());
-        let model = ddp
-            .prepare(TransformerBlock::<B>::new(
-                TRANSFORMER_WIDTH,
-                2,
-                11,
-                &FlexDevice,
-            ))
-            .unwrap();
+        let (mut ddp, model) = one_rank_transformer();
         let names: Vec<String> = Survey::of::<B, _>(&model)
             .floats
             .into_iter()
@@ -192,16 +192,7 @@ fn an_all_true_mask_equals_burns_adamw() {
 
 #[test]
 fn a_mask_of_another_length_is_refused_naming_both_counts() {
-    let comm = HostCommunicator::local_group(1, &CommConfig::default()).remove(0);
-    let mut ddp = Ddp::for_thread(comm, DdpConfig::new());
-    let model = ddp
-        .prepare(TransformerBlock::<B>::new(
-            TRANSFORMER_WIDTH,
-            2,
-            11,
-            &FlexDevice,
-        ))
-        .unwrap();
+    let (ddp, model) = one_rank_transformer();
     let count = ddp.params().len();
     let Err(error) = ZeroAdamConfig::new()
         .with_decay(DecayRule::Mask(vec![true; 2]))

@@ -157,6 +157,16 @@ fn device_step_moves_only_scalars_besides_what_the_staging_must() {
                 (STEPS as u64 * per_step.0, STEPS as u64 * per_step.1),
                 "stage {stage}, {world} ranks, rank {rank}: bytes between host and device"
             );
+            // The call plan: the MLP's gradients fit one bucket, and it is one device
+            // collective (at ZeRO-2 a grouped reduce-scatter of all its parameters' pieces,
+            // where one per parameter would be 6), then ZeroAdam's all-gather of the new
+            // parameters: two per step.
+            assert_eq!(
+                stats.device_calls,
+                2 * STEPS as u64,
+                "stage {stage}, {world} ranks, rank {rank}: device collectives ({} parameters)",
+                numels.len()
+            );
         }
     }
 }

@@ -64,6 +64,11 @@ pub struct ReducerStats {
     /// Device path: launches of ready buckets (each waits for the compute stream once); 0 on the
     /// host path.
     pub device_launches: u64,
+    /// Device path: collectives issued on device memory, each one NCCL group (one host sync)
+    /// or one staged host collective: per bucket one per dtype, at ZeRO-2 too (a bucket's
+    /// pieces are one grouped reduce-scatter). ZeroAdam's device all-gather counts here as
+    /// well (one counter); 0 on the host path.
+    pub device_calls: u64,
     /// Bytes the reducer moved from the backend's memory to the host: on the host path every
     /// gradient it read; on the device path what its collectives staged through the host
     /// (nothing with NCCL) and the rare gradient read for `Ddp::backward`.
@@ -432,6 +437,7 @@ impl Reducer {
                 bytes_to_host: traffic.to_host,
                 bytes_to_device: traffic.to_device,
                 device_launches: device.launches(),
+                device_calls: device.device_calls(),
                 ..self.stats.clone()
             };
         }

@@ -13,7 +13,9 @@ use std::time::Duration;
 use burn::backend::Autodiff;
 use burn_dist::DistributedBackend;
 use burn_dist_models::assert_close;
-use burn_dist_models::processes::{assert_plain_logs, launcher, scratch_dir, watch};
+use burn_dist_models::processes::{
+    assert_plain_logs, launch_command, launcher, scratch_dir, watch,
+};
 use burn_dist_models::step::read_params;
 use burn_flex::{Flex, FlexDevice};
 use learner_ddp::Run;
@@ -246,14 +248,11 @@ fn a_forgotten_mark_under_the_learner_fails_at_the_first_step_naming_the_fix() {
 #[test]
 fn logs_redirected_to_files_carry_no_colour_codes() {
     let root = scratch_dir("learner-plain-logs");
-    let mut command = Command::new(launcher());
+    let mut command = launch_command(2, env!("CARGO_BIN_EXE_learner-ddp").as_ref());
     command
-        .args(["--nproc-per-node", "2", "--master-port", "0", "--"])
-        .arg(env!("CARGO_BIN_EXE_learner-ddp"))
         .arg("--artifact-dir")
         .arg(root.join("artifacts"))
-        .args(["--epochs", "1", "--samples", "16", "--valid-samples", "8"])
-        .env("BURN_DIST_TIMEOUT_SECS", "60");
+        .args(["--epochs", "1", "--samples", "16", "--valid-samples", "8"]);
     let logs = assert_plain_logs(command, &root, "learner-ddp");
     assert!(
         logs.lines()

@@ -9,7 +9,9 @@ use burn_dist_comm::{CommConfig, HostCommunicator};
 use burn_dist_testing::{BurnAdam, Synthetic, relative_error, train_synthetic};
 use burn_flex::{Flex, FlexDevice};
 
-use burn_dist_testing::processes::{assert_plain_logs, launcher, read_f32s, scratch_dir};
+use burn_dist_testing::processes::{
+    assert_plain_logs, launch_command, launcher, read_f32s, scratch_dir,
+};
 
 type B = Autodiff<DistributedBackend<Flex>>;
 
@@ -96,12 +98,8 @@ fn transformer_processes_through_the_launcher_equal_one_rank_on_the_concatenated
 #[test]
 fn logs_redirected_to_files_carry_no_colour_codes() {
     let dir = scratch_dir("synthetic-ddp-plain-logs");
-    let mut command = Command::new(launcher());
-    command
-        .args(["--nproc-per-node", "2", "--master-port", "0", "--"])
-        .arg(env!("CARGO_BIN_EXE_synthetic-ddp"))
-        .args(["--model", "mlp", "--steps", "2", "--global-batch", "12"])
-        .env("BURN_DIST_TIMEOUT_SECS", "60");
+    let mut command = launch_command(2, env!("CARGO_BIN_EXE_synthetic-ddp").as_ref());
+    command.args(["--model", "mlp", "--steps", "2", "--global-batch", "12"]);
     assert_plain_logs(command, &dir, "synthetic-ddp");
     let _ = std::fs::remove_dir_all(&dir);
 }

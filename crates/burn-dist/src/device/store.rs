@@ -8,7 +8,9 @@
 //!   contiguous copy on the device (fusion's tensors are always shared with fusion's own
 //!   handle). With gradient accumulation the window's sum is a device tensor.
 //! - **Launch**: per bucket, one all-reduce (average) of the bucket's gradients per dtype;
-//!   under ZeRO-2, one reduce-scatter per parameter to the owners of its pieces. Parameters
+//!   under ZeRO-2, one grouped reduce-scatter per dtype of every parameter's pieces to their
+//!   owners (`reduce_scatter_each`: one NCCL group and one host sync per bucket, not one per
+//!   parameter). Parameters
 //!   this rank did not use contribute device zeros of their registered dtype.
 //! - **Write-back**: the reduced tensor replaces the gradient in Burn's container (through
 //!   [`CubeResident::from_cube`], so fusion sees it), scaled by 1/K after K micro-batches.
@@ -95,6 +97,8 @@ pub(crate) trait DeviceBuckets: Send {
     fn copies(&self) -> CopyCounts;
     /// Bytes between host and device so far.
     fn traffic(&self) -> Traffic;
+    /// Collectives issued on device memory so far (groups or staged host collectives).
+    fn device_calls(&self) -> u64;
 }
 
 /// The device store of backend `B`.
@@ -206,9 +210,12 @@ impl<B: CubeResident> DeviceBuckets for DeviceStore<B> {
     ) -> Result<Vec<Vec<DevicePending>>, DistError> {
         let mut launched = Vec::with_capacity(buckets.len());
         for bucket in buckets {
-            // One all-reduce per dtype, in order of first appearance (the same on every rank:
-            // dtypes are registered per parameter).
+            // One collective per dtype, in order of first appearance (the same on every rank:
+            // dtypes are registered per parameter): an all-reduce of the bucket's slices, or at
+            // ZeRO-2 one grouped reduce-scatter of each slice to the owners of its pieces.
             let mut groups: Vec<(DeviceDType, Vec<DeviceSlice<B::Runtime>>)> = Vec::new();
+            type Parts<R> = Vec<(DeviceSlice<R>, Vec<usize>)>;
+            let mut scatters: Vec<(DeviceDType, Parts<B::Runtime>)> = Vec::new();
             let mut pending = Vec::new();
             for &p in &bucket.params {
                 let tensor = match self.grads[p].take() {
@@ -249,12 +256,11 @@ impl<B: CubeResident> DeviceBuckets for DeviceStore<B> {
                     Some(flat) => {
                         // The shards are consecutive ranges: the pieces follow each other in
                         // rank order, as the reduce-scatter's chunks do.
-                        let counts = owner_counts(flat, flat.param_range(p));
-                        pending.push(self.collectives.reduce_scatter(
-                            &slice,
-                            &counts,
-                            burn_dist_comm::ReduceOp::Avg,
-                        )?);
+                        let part = (slice.clone(), owner_counts(flat, flat.param_range(p)));
+                        match scatters.iter_mut().find(|(d, _)| *d == slice.dtype) {
+                            Some((_, parts)) => parts.push(part),
+                            None => scatters.push((slice.dtype, vec![part])),
+                        }
                     }
                 }
                 self.grads[p] = Some(tensor);
@@ -263,6 +269,12 @@ impl<B: CubeResident> DeviceBuckets for DeviceStore<B> {
                 pending.push(
                     self.collectives
                         .all_reduce(&group, burn_dist_comm::ReduceOp::Avg)?,
+                );
+            }
+            for (_, parts) in scatters {
+                pending.push(
+                    self.collectives
+                        .reduce_scatter_each(&parts, burn_dist_comm::ReduceOp::Avg)?,
                 );
             }
             launched.push(pending);
@@ -407,6 +419,10 @@ impl<B: CubeResident> DeviceBuckets for DeviceStore<B> {
 
     fn traffic(&self) -> Traffic {
         self.collectives.traffic().get()
+    }
+
+    fn device_calls(&self) -> u64 {
+        self.collectives.traffic().calls()
     }
 }
 
