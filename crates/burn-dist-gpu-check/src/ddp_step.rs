@@ -129,7 +129,8 @@ pub fn run(report: &mut Report, options: &Options) {
     }
     // ZeRO-2 before the timed steps: the only check of its grouped in-place reduction on the
     // device must not be the line a timeout cuts. `measure` prepares its own models, and
-    // `Ddp::prepare` registers them afresh, which ends the sharding (`Reducer::register`).
+    // `Ddp::prepare` registers them afresh, which ends the sharding (`Reducer::register`;
+    // burn-dist-zero's test `preparing_again_ends_the_gradient_sharding`).
     match guarded(|| zero2(&mut ddp, &device)) {
         Ok(Ok((status, fields))) => report.line("ddp-step/zero2", status, fields),
         Ok(Err(e)) => report.fail("ddp-step/zero2", e, json!({})),

@@ -551,3 +551,29 @@ fn zero_host_threads_are_refused_by_name() {
         "{error}"
     );
 }
+
+/// The GPU check's `ddp-step` runs ZeRO-2 (`shard_gradients`) on its `Ddp` before it prepares
+/// the timed models with it: preparing again must end the sharding, so that the next backward
+/// hands back every full gradient, as without ZeRO-2.
+#[test]
+fn preparing_again_ends_the_gradient_sharding() {
+    use burn_dist_testing::{MLP_SIZES, Mlp};
+    let (mut ddp, model) = one_rank_mlp();
+    let numels: Vec<usize> = ddp.params().iter().map(|p| p.numel()).collect();
+    ddp.shard_gradients(burn_dist::FlatLayout::new(&numels, 1, 4))
+        .unwrap();
+    let x = || burn::tensor::Tensor::<B, 2>::ones([4, MLP_SIZES[0]], &FlexDevice);
+    let loss = |model: &Mlp<B>| model.forward(x()).powi_scalar(2).mean();
+    let sharded = ddp.backward(loss(&model), &model).unwrap().unwrap();
+    assert!(
+        sharded.is_empty(),
+        "under ZeRO-2 the gradients live in the reducer"
+    );
+    ddp.take_gradient_shard().unwrap();
+
+    let model = ddp
+        .prepare(Mlp::<B>::new(&MLP_SIZES, 7, &FlexDevice))
+        .unwrap();
+    let full = ddp.backward(loss(&model), &model).unwrap().unwrap();
+    assert_eq!(full.len(), numels.len(), "every gradient, in full");
+}
