@@ -261,9 +261,12 @@ impl<B: CubeResident> ResidentState for Resident<B> {
     fn load(&mut self, master: &[f32], m: &[f32], v: &[f32], steps_taken: u32) {
         let zeros = vec![0.0; master.len()];
         let model_dtype = self.buffers.model_dtype;
+        // The decay mask is the layout's and the rule's, not the state's: it stays.
+        let decay_mask = self.buffers.decay_mask.take();
         self.buffers = self
             .fused
             .upload(master, m, v, steps_taken, &zeros, 1.0, model_dtype);
+        self.buffers.decay_mask = decay_mask;
     }
 
     fn traffic(&self) -> Traffic {

@@ -337,3 +337,54 @@ fn a_host_path_ddp_is_refused_by_name() {
         .to_string();
     assert!(error.contains("Ddp::init_staged"), "{error}");
 }
+
+/// A device state imported from a checkpoint keeps the decay rule (the kernels' mask is the
+/// layout's and the rule's, not the state's): after `import`, a step on a zero gradient, where
+/// only the decay moves anything, shrinks the MLP's weights by exactly `1 − lr·decay` and
+/// leaves its biases as they were.
+#[test]
+fn an_imported_device_state_keeps_the_decay_rule() {
+    use burn_dist_comm::{CommConfig, HostCommunicator};
+    use burn_dist_testing::{MLP_SIZES, Mlp, parameters};
+    use burn_dist_zero::DecayRule;
+    burn_dist_kernels::testing::wgpu_client();
+    let device = WgpuDevice::default();
+    let comm = HostCommunicator::local_group(1, &CommConfig::default()).remove(0);
+    let mut ddp = Ddp::for_thread_staged::<Wgpu>(comm, DdpConfig::new(), &device);
+    let model = ddp
+        .prepare(Mlp::<OnWgpu>::new(&MLP_SIZES, 7, &device))
+        .unwrap();
+    let decay = 0.5;
+    let mut zero = ZeroAdamConfig::new()
+        .with_weight_decay(decay)
+        .with_decay(DecayRule::Matrices)
+        .init::<OnWgpu, _>(&ddp, &model)
+        .unwrap()
+        .on_device::<Wgpu>(&ddp, &device)
+        .unwrap();
+    let state = zero.export();
+    zero.import(state).unwrap();
+    let before = parameters::<OnWgpu, _>(&model);
+    let marked = ddp.mark(model);
+    let input = burn::tensor::Tensor::ones([2, MLP_SIZES[0]], &device);
+    let grads = ddp
+        .backward(marked.forward(input).mean() * 0.0, &marked)
+        .unwrap()
+        .unwrap();
+    let (model, _) = zero.step(LR, marked, grads, &ddp).unwrap();
+    let after = parameters::<OnWgpu, _>(&model);
+    let factor = (1.0 - f64::from(LR as f32) * f64::from(decay)) as f32;
+    for (i, (before, after)) in before.iter().zip(&after).enumerate() {
+        // Burn's Linear: weight then bias, per layer.
+        let want: Vec<f32> = if i % 2 == 0 {
+            before.iter().map(|p| p * factor).collect()
+        } else {
+            before.clone()
+        };
+        assert!(
+            after == &want,
+            "tensor {i} (a {})",
+            if i % 2 == 0 { "weight" } else { "bias" }
+        );
+    }
+}
