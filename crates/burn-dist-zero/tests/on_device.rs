@@ -229,8 +229,8 @@ fn device_step_clips_like_the_host_path() {
     assert_close(&device[0].0, &host[0], TOLERANCE, "clipped, device vs host");
 }
 
-#[test]
-fn device_state_exports_and_imports_exactly() {
+/// A job of one rank (this thread) on the wgpu device path and the test MLP, prepared.
+fn one_rank_mlp_on_wgpu() -> (Ddp, burn_dist_testing::Mlp<OnWgpu>, WgpuDevice) {
     use burn_dist_comm::{CommConfig, HostCommunicator};
     use burn_dist_testing::{MLP_SIZES, Mlp};
     burn_dist_kernels::testing::wgpu_client();
@@ -240,6 +240,13 @@ fn device_state_exports_and_imports_exactly() {
     let model = ddp
         .prepare(Mlp::<OnWgpu>::new(&MLP_SIZES, 7, &device))
         .unwrap();
+    (ddp, model, device)
+}
+
+#[test]
+fn device_state_exports_and_imports_exactly() {
+    use burn_dist_testing::MLP_SIZES;
+    let (mut ddp, model, device) = one_rank_mlp_on_wgpu();
     let host = ZeroAdamConfig::new()
         .init::<OnWgpu, _>(&ddp, &model)
         .unwrap();
@@ -291,7 +298,7 @@ fn device_state_exports_and_imports_exactly() {
     // device one.
     use burn::optim::Optimizer;
     use burn::record::{BinBytesRecorder, FullPrecisionSettings, Recorder};
-    type Model = Mlp<OnWgpu>;
+    type Model = burn_dist_testing::Mlp<OnWgpu>;
     let recorder = BinBytesRecorder::<FullPrecisionSettings>::default();
     let record = <burn_dist_zero::ZeroAdam as Optimizer<Model, OnWgpu>>::to_record(&on_device);
     let bytes = Recorder::<OnWgpu>::record(&recorder, record, ()).unwrap();
@@ -344,16 +351,9 @@ fn a_host_path_ddp_is_refused_by_name() {
 /// leaves its biases as they were.
 #[test]
 fn an_imported_device_state_keeps_the_decay_rule() {
-    use burn_dist_comm::{CommConfig, HostCommunicator};
-    use burn_dist_testing::{MLP_SIZES, Mlp, parameters};
+    use burn_dist_testing::{MLP_SIZES, parameters};
     use burn_dist_zero::DecayRule;
-    burn_dist_kernels::testing::wgpu_client();
-    let device = WgpuDevice::default();
-    let comm = HostCommunicator::local_group(1, &CommConfig::default()).remove(0);
-    let mut ddp = Ddp::for_thread_staged::<Wgpu>(comm, DdpConfig::new(), &device);
-    let model = ddp
-        .prepare(Mlp::<OnWgpu>::new(&MLP_SIZES, 7, &device))
-        .unwrap();
+    let (mut ddp, model, device) = one_rank_mlp_on_wgpu();
     let decay = 0.5;
     let mut zero = ZeroAdamConfig::new()
         .with_weight_decay(decay)
