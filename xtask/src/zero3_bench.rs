@@ -1,6 +1,7 @@
 //! `cargo xtask bench-zero3`: the GPT-2 124M shape on 4 ranks of this machine, one after the
 //! other in one run, each rank's peak resident memory and the step time, for Burn's AdamW
-//! (replicated), ZeroAdam at stages 1, 2 and 3 (gpt-pretrain through burn-dist-run) and
+//! (replicated), ZeroAdam at stages 1, 2 and 3, stage 3 with its gathers on demand too, and
+//! the time stage 3's steps wait for their gathers (gpt-pretrain through burn-dist-run), and
 //! PyTorch FSDP2 (`benches/torch/fsdp2_gpt.py` under torchrun, gloo, torch from PyPI in a venv:
 //! see `host_step::torch_python`). Never part of CI. The figures go to docs/perf/zero3.md.
 
@@ -24,6 +25,8 @@ struct Figures {
     peak_mib: Vec<f64>,
     /// What the runtime alone holds (PyTorch: torch imported, process group up), MiB.
     baseline_mib: Option<f64>,
+    /// Stage 3: median seconds per timed step that rank 0's ops waited for gathers.
+    gather_wait_s: Option<f64>,
 }
 
 impl Figures {
@@ -50,6 +53,10 @@ pub fn bench_zero3(args: &[String]) -> Result<(), String> {
         ("Burn AdamW, replicated", &["--optimizer", "adamw"][..]),
         ("ZeroAdam stage 1", &["--zero-stage", "1"][..]),
         ("ZeroAdam stage 2", &["--zero-stage", "2"][..]),
+        (
+            "ZeroAdam stage 3, gathers on demand",
+            &["--zero-stage", "3", "--prefetch-gathers", "0"][..],
+        ),
         ("ZeroAdam stage 3", &["--zero-stage", "3"][..]),
     ] {
         let dir = target_dir()
@@ -116,11 +123,12 @@ fn ours(name: &str, metrics: &std::path::Path, steps: usize) -> Result<Figures, 
     let text = std::fs::read_to_string(metrics)
         .map_err(|e| format!("reading {}: {e}", metrics.display()))?;
     let tokens = (BATCH * CONTEXT) as f64;
-    let (mut times, mut peak_mib) = (Vec::new(), Vec::new());
+    let (mut times, mut peak_mib, mut waits) = (Vec::new(), Vec::new(), Vec::new());
     for line in text.lines().filter(|l| !l.trim().is_empty()) {
         let step = number_after(line, "\"step\":").ok_or("a record without a step")? as usize;
         if timed(step, steps) {
             times.push(tokens / number_after(line, "\"tokens_per_s\":").ok_or("no tokens_per_s")?);
+            waits.extend(number_after(line, "\"gather_wait_s\":"));
         }
         if let Some(peaks) = list_after(line, "\"peak_rss_mib\":[") {
             peak_mib = peaks;
@@ -131,6 +139,7 @@ fn ours(name: &str, metrics: &std::path::Path, steps: usize) -> Result<Figures, 
         step_s: median(times),
         peak_mib,
         baseline_mib: None,
+        gather_wait_s: (!waits.is_empty()).then(|| median(waits)),
     })
 }
 
@@ -209,6 +218,7 @@ fn fsdp2(python: &std::path::Path, steps: usize) -> Result<Figures, String> {
         step_s: median(times),
         peak_mib: ranks.iter().map(|r| r.2).collect(),
         baseline_mib: Some(ranks.iter().map(|r| r.1).fold(0.0, f64::max)),
+        gather_wait_s: None,
     })
 }
 
@@ -218,14 +228,18 @@ fn print_table(all: &[Figures], steps: usize) {
          {BATCH}, steps 2-{} timed (median)",
         steps - 1
     );
-    println!("| configuration | step (s) | peak per rank (MiB) | max | runtime baseline (MiB) |");
-    println!("|---|---|---|---|---|");
+    println!(
+        "| configuration | step (s) | waiting for gathers (s/step) | peak per rank (MiB) | max | \
+         runtime baseline (MiB) |"
+    );
+    println!("|---|---|---|---|---|---|");
     for f in all {
         let peaks: Vec<String> = f.peak_mib.iter().map(|p| format!("{p:.0}")).collect();
         let max = f.max_peak_mib();
         let baseline = f.baseline_mib.map_or("-".into(), |b| format!("{b:.0}"));
+        let wait = f.gather_wait_s.map_or("-".into(), |w| format!("{w:.2}"));
         println!(
-            "| {} | {:.2} | {} | {max:.0} | {baseline} |",
+            "| {} | {:.2} | {wait} | {} | {max:.0} | {baseline} |",
             f.name,
             f.step_s,
             peaks.join(" / ")
@@ -311,6 +325,7 @@ mod tests {
             step_s,
             peak_mib: vec![peak / 2.0, peak],
             baseline_mib: None,
+            gather_wait_s: None,
         };
         let svg = bar_chart(&[
             figures("a", 2.0, 1000.0),

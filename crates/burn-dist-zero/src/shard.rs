@@ -561,6 +561,11 @@ impl Shard {
                 }));
             }
         }
+        if let Some(shards) = &self.shards {
+            // The ranks used the parameters in the same order: a recorded one becomes the
+            // gather schedule.
+            shards.adopt_schedules()?;
+        }
         Ok((any_inf || !(total as f32).is_finite(), total))
     }
 }

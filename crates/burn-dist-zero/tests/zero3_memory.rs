@@ -1,11 +1,14 @@
 //! What ZeRO stage 3 holds, counted: each rank's pieces are exactly its part of the flat
 //! layout; an op holds the parameters it gathered only while it runs, one layer at a time;
-//! metadata and views never gather; backward gathers again what forward released.
+//! metadata and views never gather; backward gathers again what forward released. (With the
+//! gathers on demand: what prefetching adds is bounded in zero3_prefetch.rs.)
 
 use burn::backend::Autodiff;
 use burn::module::Module;
 use burn::tensor::{Tensor, TensorData};
-use burn_dist::{Ddp, DdpConfig, DistributedBackend, FlatLayout, SHARD_ALIGN, Sharded};
+use burn_dist::{
+    Ddp, DdpConfig, DistributedBackend, FlatLayout, PrefetchConfig, SHARD_ALIGN, Sharded,
+};
 use burn_dist_comm::testing::run_ranks;
 use burn_dist_comm::{CommConfig, HostCommunicator};
 use burn_dist_testing::{MLP_SIZES, Mlp, shard_rows, synthetic_rows};
@@ -54,7 +57,8 @@ fn each_rank_holds_its_part_of_the_flat_layout_and_ops_hold_one_layer_at_a_time(
         let layout = FlatLayout::new(&numels, world, SHARD_ALIGN);
         let comms = HostCommunicator::local_group(world, &CommConfig::default());
         let stats = run_ranks(comms, |rank, comm| {
-            let mut ddp = Ddp::for_thread(comm, DdpConfig::new());
+            let on_demand = DdpConfig::new().with_prefetch(PrefetchConfig::OFF);
+            let mut ddp = Ddp::for_thread(comm, on_demand);
             let model = ddp
                 .prepare_sharded(Mlp::<S3>::new(&MLP_SIZES, 7, &FlexDevice))
                 .unwrap();

@@ -54,7 +54,7 @@ use crate::model::{
 use crate::random::RandomStream;
 use crate::reducer::{Reducer, ReducerEvent, ReducerStats};
 use crate::sharded::GradientShard;
-use crate::sharding::{ParamShards, ShardStats};
+use crate::sharding::{ParamShards, PrefetchConfig, ShardStats};
 use crate::threads::PoolSize;
 
 /// Settings of data-parallel training.
@@ -67,6 +67,10 @@ pub struct DdpConfig {
     /// gradients handed to the optimizer are the mean over ranks and micro-batches.
     #[config(default = 1)]
     pub accumulation_steps: usize,
+    /// ZeRO stage 3 (`Ddp::prepare_sharded`): how far ahead of their use the sharded
+    /// parameters are gathered, once the first step has recorded their order.
+    #[config(default = "PrefetchConfig::new()")]
+    pub prefetch: PrefetchConfig,
 }
 
 /// A rank's handle on data-parallel training: its communicator, its reducer, its model's
@@ -77,6 +81,8 @@ pub struct Ddp {
     scope: Scope,
     params: Vec<ParamInfo>,
     accumulation: usize,
+    /// Stage 3's gathers ahead of use, for `prepare_sharded`.
+    pub(crate) prefetch: PrefetchConfig,
     /// What joining did to rayon's global pool; `None` for an in-process group.
     pool: Option<PoolSize>,
     /// Keeps the store alive on rank 0 for as long as training runs.
@@ -248,6 +254,7 @@ impl Ddp {
             scope,
             params: Vec::new(),
             accumulation,
+            prefetch: config.prefetch,
             pool: None,
             _group: group,
             shards: None,

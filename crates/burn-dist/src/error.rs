@@ -195,6 +195,22 @@ pub enum DistError {
         rank0_uses: u64,
     },
 
+    /// ZeRO stage 3: the order in which this rank used the sharded parameters during the
+    /// recorded step (and where its backward passes ended) differs from rank 0's, so the ranks
+    /// would gather them ahead in different orders.
+    #[error(
+        "rank {rank}: the {phase:?} gather schedule differs from rank 0's at entry #{position} \
+         (uses and ends of backward passes, from 0): this rank has {here}, rank 0 {rank0} \
+         (every rank must run the same forwards and backwards under ZeRO stage 3)"
+    )]
+    Schedule {
+        rank: usize,
+        phase: crate::sharding::Phase,
+        position: usize,
+        here: String,
+        rank0: String,
+    },
+
     /// An internal invariant did not hold (a bug, or a misuse with no better name).
     #[error("{0}")]
     Usage(String),

@@ -71,8 +71,8 @@ pub use sampler::{DistributedSampler, ShardedDataset};
 pub use scaler::{GradScaler, GradScalerConfig, agree_found_inf};
 pub use sharded::GradientShard;
 pub use sharding::{
-    Holding, ParamHandle, ParamShards, SHARD_ALIGN, ShardStats, Sharded, ShardedFloat,
-    ShardedParamInfo,
+    Holding, ParamHandle, ParamShards, Phase, PrefetchConfig, SHARD_ALIGN, ShardStats, Sharded,
+    ShardedFloat, ShardedParamInfo,
 };
 pub use threads::PoolSize;
 

@@ -199,6 +199,9 @@ pub struct Reducer {
     pub(crate) hook_error: Option<DistError>,
     /// The rank's random stream (it lives here because this is the per-rank context).
     pub(crate) random: RandomStream,
+    /// Stage 3's sharded parameters, told when a backward ends (their gather schedule does
+    /// not run ahead across it); here for the same reason as `random`.
+    pub(crate) param_shards: Option<Arc<crate::sharding::ParamShards>>,
 }
 
 impl Reducer {
@@ -230,6 +233,7 @@ impl Reducer {
             observer: None,
             caller_collects_errors: false,
             hook_error: None,
+            param_shards: None,
             random: RandomStream::new(0, comm.rank()),
             comm,
         }

@@ -153,6 +153,9 @@ pub(crate) fn on_backward_end<B: Backend>(device: &B::Device) {
         return;
     };
     let mut reducer = lock(&shared);
+    if let Some(shards) = &reducer.param_shards {
+        shards.end_backward();
+    }
     if reducer.hook_error.is_some() {
         return;
     }

@@ -4,7 +4,7 @@
 //! device memory) on Burn's `Wgpu` and `Cuda`.
 
 use burn::backend::Autodiff;
-use burn_dist::{Ddp, DdpConfig, DistributedBackend, Sharded};
+use burn_dist::{Ddp, DdpConfig, DistributedBackend, PrefetchConfig, Sharded};
 use burn_flex::{Flex, FlexDevice};
 
 use crate::cli::{Args, BackendKind};
@@ -12,7 +12,10 @@ use crate::train::{self, Outcome};
 
 /// Runs the job described by `args` on the backend it names.
 pub fn run(args: &Args) -> Result<Outcome, String> {
-    let config = DdpConfig::new().with_accumulation_steps(args.accumulation);
+    let prefetch = PrefetchConfig::new().with_gathers(args.prefetch_gathers);
+    let config = DdpConfig::new()
+        .with_accumulation_steps(args.accumulation)
+        .with_prefetch(prefetch);
     match args.backend {
         BackendKind::Flex => {
             // Started by hand (no launcher variable), `Ddp::init` is a job of one rank.

@@ -83,6 +83,11 @@ pub struct Args {
     /// weights it uses; `--backend flex` only for now).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=3))]
     pub zero_stage: u8,
+    /// ZeRO stage 3: gathers in flight ahead of their use once the first step has recorded
+    /// the order of the weights' uses (burn-dist's `PrefetchConfig::gathers`); 0 gathers
+    /// each weight when its op needs it.
+    #[arg(long, default_value_t = 2)]
+    pub prefetch_gathers: usize,
     /// Peak learning rate (after warmup).
     #[arg(long, default_value_t = 3e-3)]
     pub lr: f64,

@@ -84,6 +84,13 @@ pub struct ShardRecord {
     pub gathered_mib: f64,
     /// Parameters read outside any op so far (0 in training).
     pub reads: u64,
+    /// Seconds the step's ops waited for their gathers to arrive.
+    #[serde(default)]
+    pub gather_wait_s: f64,
+    /// Gathers issued ahead of their use during the step (0 with `--prefetch-gathers 0`, and
+    /// in the first step, which records the schedule).
+    #[serde(default)]
+    pub prefetched: u64,
 }
 
 /// Tokens per second of wall time: over one iteration, over a log interval and over the whole
@@ -251,6 +258,8 @@ mod tests {
                 gathered_peak_mib: 0.5,
                 gathered_mib: 4.0,
                 reads: 0,
+                gather_wait_s: 0.25,
+                prefetched: 3,
             }),
             elapsed_s: 1.0,
             bytes_to_host: 4096,

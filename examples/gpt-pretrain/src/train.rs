@@ -351,6 +351,8 @@ impl<'a, B: DistributedAutodiff> Trainer<'a, B> {
                     gathered_peak_mib: mib(now.last_step_peak_bytes as u64),
                     gathered_mib: mib(now.gathered_bytes - before.gathered_bytes),
                     reads: now.reads,
+                    gather_wait_s: (now.wait_nanos - before.wait_nanos) as f64 * 1e-9,
+                    prefetched: now.prefetched - before.prefetched,
                 }
             });
             let rate = clock.lap(tokens);
@@ -632,8 +634,8 @@ fn log_line(r: &StepRecord, steps: u64, tokens_per_s: f64, mfu: Option<f64>) -> 
     }
     if let Some(shards) = &r.shards {
         line += &format!(
-            " | shard {:.1} MiB, gathered {:.1} MiB at most",
-            shards.shard_mib, shards.gathered_peak_mib
+            " | shard {:.1} MiB, gathered {:.1} MiB at most, {:.2} s waiting for gathers",
+            shards.shard_mib, shards.gathered_peak_mib, shards.gather_wait_s
         );
     }
     line

@@ -55,6 +55,10 @@ pub trait Mode<B: Backend>:
     /// Its device, without gathering.
     fn device(tensor: &Self::Float) -> B::Device;
 
+    /// `B`'s `float_set_require_grad` on a local tensor; a handle records it (clearing it is
+    /// how Burn's `valid()` makes the evaluation model, whose gathers follow their own schedule).
+    fn set_require_grad(tensor: Self::Float, require_grad: bool) -> Self::Float;
+
     /// Whether `B` tracks gradients for it (a handle: no, as for any inner-backend tensor).
     fn is_require_grad(tensor: &Self::Float) -> bool;
 
@@ -120,6 +124,11 @@ impl<B: Backend> Mode<B> for Replicated {
     #[inline(always)]
     fn device(tensor: &Self::Float) -> B::Device {
         B::float_device(tensor)
+    }
+
+    #[inline(always)]
+    fn set_require_grad(tensor: Self::Float, require_grad: bool) -> Self::Float {
+        B::float_set_require_grad(tensor, require_grad)
     }
 
     #[inline(always)]

@@ -65,16 +65,16 @@ pub(crate) fn op<R>(run: impl FnOnce() -> R) -> R {
     run()
 }
 
-/// Records a gather of `bytes` for the op running on this thread: a [`Use::Op`] inside an op,
-/// else it is a [`Use::Read`]. Returns which it was counted as.
-pub(crate) fn hold(shards: &Arc<ParamShards>, bytes: usize, wanted: Use) -> Use {
-    FRAMES.with(|frames| {
-        let mut frames = frames.borrow_mut();
-        if wanted == Use::Op && frames.depth > 0 {
-            frames.held.push((shards.clone(), bytes));
-            Use::Op
-        } else {
-            Use::Read
-        }
-    })
+/// How a gather wanted as `wanted` is counted: as an op's ([`Use::Op`]) only inside an op.
+pub(crate) fn counted_as(wanted: Use) -> Use {
+    let in_op = FRAMES.with(|frames| frames.borrow().depth > 0);
+    match (wanted, in_op) {
+        (Use::Op, true) => Use::Op,
+        _ => Use::Read,
+    }
+}
+
+/// Holds `bytes` of a parameter gathered for the op running on this thread until it returns.
+pub(crate) fn hold(shards: &Arc<ParamShards>, bytes: usize) {
+    FRAMES.with(|frames| frames.borrow_mut().held.push((shards.clone(), bytes)));
 }

@@ -7,6 +7,7 @@ use burn_backend::{Backend, DType, Shape};
 
 use super::ParamShards;
 use super::frame::Use;
+use super::schedule::Phase;
 use crate::backend::View;
 
 /// Parameter `index` of a rank's [`ParamShards`], seen through `views`, on `device`.
@@ -23,6 +24,8 @@ pub struct ParamHandle<B: Backend> {
     /// Shape and dtype after the views.
     shape: Shape,
     dtype: DType,
+    /// Which gather schedule its uses follow.
+    phase: Phase,
 }
 
 impl<B: Backend> Clone for ParamHandle<B> {
@@ -34,6 +37,7 @@ impl<B: Backend> Clone for ParamHandle<B> {
             views: self.views.clone(),
             shape: self.shape.clone(),
             dtype: self.dtype,
+            phase: self.phase,
         }
     }
 }
@@ -46,6 +50,7 @@ impl<B: Backend> fmt::Debug for ParamHandle<B> {
             .field("shape", &self.shape)
             .field("dtype", &self.dtype)
             .field("views", &self.views)
+            .field("phase", &self.phase)
             .finish()
     }
 }
@@ -62,6 +67,7 @@ impl<B: Backend> ParamHandle<B> {
             views: Vec::new(),
             shape,
             dtype,
+            phase: Phase::Train,
         }
     }
 
@@ -102,6 +108,12 @@ impl<B: Backend> ParamHandle<B> {
         self
     }
 
+    /// The same handle, its uses following `phase`'s schedule.
+    pub(crate) fn in_phase(mut self, phase: Phase) -> Self {
+        self.phase = phase;
+        self
+    }
+
     /// The same handle on another device: the pieces live on the host, so nothing moves
     /// until a gather uploads the parameter there.
     pub(crate) fn on_device(mut self, device: &B::Device) -> Self {
@@ -120,7 +132,9 @@ impl<B: Backend> ParamHandle<B> {
     /// Gathers the parameter from every rank's piece and replays the views: `B`'s tensor, for
     /// an op (live until it returns) or a read.
     pub(crate) fn materialize(self, wanted: Use) -> B::FloatTensorPrimitive {
-        let full = self.shards.gather::<B>(self.index, &self.device, wanted);
+        let full = self
+            .shards
+            .gather::<B>(self.index, &self.device, wanted, self.phase);
         self.views
             .into_iter()
             .fold(full, |tensor, view| view.apply::<B>(tensor))

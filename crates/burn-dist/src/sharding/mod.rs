@@ -32,7 +32,9 @@
 
 mod frame;
 mod handle;
+mod prefetch;
 mod prepare;
+mod schedule;
 mod shards;
 
 use core::fmt;
@@ -41,6 +43,7 @@ use burn_backend::{Backend, DType, Shape, TensorMetadata};
 
 pub use handle::ParamHandle;
 pub use prepare::SHARD_ALIGN;
+pub use schedule::{Phase, PrefetchConfig};
 pub use shards::{Holding, ParamShards, ShardStats, ShardedParamInfo};
 
 use crate::backend::{Mode, View};
@@ -149,6 +152,22 @@ impl<B: Backend> Mode<B> for Sharded {
         match tensor {
             ShardedFloat::Local(tensor) => B::float_device(tensor),
             ShardedFloat::Param(handle) => handle.device().clone(),
+        }
+    }
+
+    fn set_require_grad(tensor: Self::Float, require_grad: bool) -> Self::Float {
+        match tensor {
+            ShardedFloat::Local(tensor) => {
+                ShardedFloat::Local(B::float_set_require_grad(tensor, require_grad))
+            }
+            // On the inner backend only `Param::valid` (Burn's evaluation model) clears it: its
+            // parameters follow the evaluation schedule.
+            ShardedFloat::Param(handle) => {
+                ShardedFloat::Param(handle.in_phase(match require_grad {
+                    true => Phase::Train,
+                    false => Phase::Eval,
+                }))
+            }
         }
     }
 

@@ -363,6 +363,7 @@ impl Ddp {
             sharded,
             pieces,
             Box::new(probe::<X>),
+            self.prefetch,
         ));
         let model = model.map(&mut Install::<X> {
             shards: shards.clone(),
@@ -373,7 +374,11 @@ impl Ddp {
         self.shard_gradients(layout)?;
         // One bucket being reduced while the next fills, as DeepSpeed's two reduce buffers:
         // the buckets of a backward must not pile up to the size of the gradient.
-        crate::context::lock(&self.shared_reducer()).default_in_flight(2);
+        let shared = self.shared_reducer();
+        let mut reducer = crate::context::lock(&shared);
+        reducer.default_in_flight(2);
+        reducer.param_shards = Some(shards.clone());
+        drop(reducer);
         self.shards = Some(shards);
         Ok(self.mark(model))
     }

@@ -8,9 +8,11 @@ use burn::module::{Module, ModuleVisitor, Param, ParamId};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Tensor, TensorData};
 use burn_backend::{Backend, DType};
-use burn_dist_comm::{CommError, HostBuffer, HostCommunicator};
+use burn_dist_comm::{CommError, HostCommunicator};
 
 use super::frame::{self, Use};
+use super::prefetch::UnitGather;
+use super::schedule::{Phase, PrefetchConfig, Scheduler};
 use crate::error::{DistError, Result};
 use crate::flat::FlatLayout;
 
@@ -57,6 +59,16 @@ pub struct ShardStats {
     pub reads: u64,
     /// Uses (gathers and reads) since the current step began, hashed into the step's digest.
     pub uses: u64,
+    /// Gathers issued ahead of their use by the schedule (each of one unit of adjacent
+    /// parameters), since the start.
+    pub prefetched: u64,
+    /// Uses the schedule did not expect (each makes its round gather on demand and be recorded
+    /// again), since the start.
+    pub off_schedule: u64,
+    /// Schedules agreed and adopted, since the start (one per phase at the first step).
+    pub schedules: u64,
+    /// Time ops waited for gathers to arrive, since the start, in nanoseconds.
+    pub wait_nanos: u64,
 }
 
 /// What a model's parameter tensor holds, as [`ParamShards::holding`] sees it.
@@ -87,13 +99,15 @@ pub(crate) type Probe = Box<dyn Fn(&dyn Any) -> Option<Holding> + Send + Sync>;
 /// and writes them back in the parameters' dtype after every step; burn-dist-zero's
 /// checkpoints save the pieces.
 pub struct ParamShards {
-    comm: Arc<HostCommunicator>,
+    pub(super) comm: Arc<HostCommunicator>,
     layout: FlatLayout,
-    params: Vec<ShardedParamInfo>,
+    pub(super) params: Vec<ShardedParamInfo>,
     /// Where each parameter's piece lies in this rank's shard (`None`: it holds none of it).
     in_shard: Vec<Option<Range<usize>>>,
     held: RwLock<Held>,
     state: Mutex<State>,
+    /// The gather schedules and the gathers in flight ahead of their use.
+    pub(super) scheduler: Mutex<Scheduler<UnitGather>>,
     probe: Probe,
 }
 
@@ -107,12 +121,14 @@ enum Held {
 }
 
 #[derive(Default)]
-struct State {
-    stats: ShardStats,
+pub(super) struct State {
+    pub(super) stats: ShardStats,
     /// FNV-1a over the indices of this step's uses.
     digest: u64,
     /// The first failed gather, returned by later calls that can return errors.
     failure: Option<(usize, CommError)>,
+    /// Orders recorded at the last step's end, per phase, to be agreed on and adopted.
+    pub(super) candidates: [Option<Vec<usize>>; 2],
 }
 
 const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
@@ -126,6 +142,7 @@ impl ParamShards {
         params: Vec<ShardedParamInfo>,
         pieces: Vec<Vec<u8>>,
         probe: Probe,
+        prefetch: PrefetchConfig,
     ) -> Self {
         use burn_dist_comm::Communicator;
         let shard_bytes = pieces.iter().map(Vec::len).sum();
@@ -165,12 +182,14 @@ impl ParamShards {
                 },
                 digest: FNV_OFFSET,
                 failure: None,
+                candidates: [None, None],
             }),
+            scheduler: Mutex::new(Scheduler::new(prefetch)),
             probe,
         }
     }
 
-    fn state(&self) -> MutexGuard<'_, State> {
+    pub(super) fn state(&self) -> MutexGuard<'_, State> {
         // Counters only: a panic while one was held leaves nothing half-written that matters.
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -211,26 +230,23 @@ impl ParamShards {
         index: usize,
         device: &B::Device,
         wanted: Use,
+        phase: Phase,
     ) -> B::FloatTensorPrimitive {
         let info = &self.params[index];
-        let elem = info.dtype.size();
-        let piece = self.piece_bytes(index);
-        let counts = info.counts.iter().map(|&n| n * elem).collect();
-        let tag = u32::try_from(index + 1).expect("fewer than 2^32 parameters");
-        let gathered = self
-            .comm
-            .all_gather_counts(HostBuffer::U8(piece), counts, tag)
-            .wait();
-        let bytes = match gathered {
-            Ok(HostBuffer::U8(bytes)) => bytes,
-            Ok(_) => unreachable!("a u8 all-gather returns u8"),
-            Err(source) => {
-                self.state().failure.get_or_insert((index, source.clone()));
-                let error = self.gather_error(index, source);
-                panic!("burn-dist: {error}");
-            }
+        let counted = frame::counted_as(wanted);
+        // Only ops follow the schedule: a read is no part of a step's order of uses.
+        let gathered = match counted {
+            Use::Op => self.fetch(index, phase),
+            Use::Read => self.gather_alone(index),
         };
-        let counted = frame::hold(self, info.bytes(), wanted);
+        let bytes = gathered.unwrap_or_else(|source| {
+            self.state().failure.get_or_insert((index, source.clone()));
+            let error = self.gather_error(index, source);
+            panic!("burn-dist: {error}");
+        });
+        if counted == Use::Op {
+            frame::hold(self, info.bytes());
+        }
         self.count(index, counted);
         let data = TensorData::from_bytes_vec(bytes, info.shape.clone(), info.dtype);
         B::float_from_data(data, device)
@@ -245,10 +261,16 @@ impl ParamShards {
         }
     }
 
-    fn count(&self, index: usize, counted: Use) {
-        let bytes = self.params[index].bytes();
+    /// One more entry of the step's sequence (a parameter index, or the end of a backward).
+    pub(super) fn hash_into_digest(&self, entry: usize) {
         let mut state = self.state();
-        state.digest = (state.digest ^ index as u64).wrapping_mul(FNV_PRIME);
+        state.digest = (state.digest ^ entry as u64).wrapping_mul(FNV_PRIME);
+    }
+
+    pub(super) fn count(&self, index: usize, counted: Use) {
+        let bytes = self.params[index].bytes();
+        self.hash_into_digest(index);
+        let mut state = self.state();
         let stats = &mut state.stats;
         stats.uses += 1;
         match counted {
@@ -287,7 +309,10 @@ impl ParamShards {
     /// their count, which every rank must agree on, and starts the next step (uses, digest and
     /// peak start again; the peak becomes `last_step_peak_bytes`).
     pub fn end_step(&self) -> (u64, u64) {
+        let (candidates, dropped) = self.scheduler().end_step();
+        self.discard(dropped);
         let mut state = self.state();
+        state.candidates = candidates;
         let ended = (state.digest, state.stats.uses);
         state.digest = FNV_OFFSET;
         let stats = &mut state.stats;
@@ -315,6 +340,7 @@ impl ParamShards {
     /// f32 (the stage-3 optimizer's step on its master weights, which are the pieces every
     /// handle gathers from); `None`, without running it, otherwise.
     pub fn with_master<R>(&self, update: impl FnOnce(&mut [f32]) -> R) -> Option<R> {
+        self.forget_ahead();
         match &mut *self.held_mut() {
             Held::F32(shard) => Some(update(shard)),
             Held::Pieces(_) => None,
@@ -343,6 +369,7 @@ impl ParamShards {
     /// its own (or a checkpoint's). Every handle gathers the new values from then on; nothing is
     /// communicated.
     pub fn write_shard(&self, shard: &[f32]) {
+        self.forget_ahead();
         assert_eq!(shard.len(), self.layout.shard_len, "a shard of the layout");
         match &mut *self.held_mut() {
             Held::F32(held) => held.copy_from_slice(shard),
@@ -371,6 +398,7 @@ impl ParamShards {
         else {
             return; // this rank holds none of it
         };
+        self.forget_ahead();
         let info = &self.params[index];
         let elem = info.dtype.size();
         let bytes = full.convert_dtype(info.dtype).into_bytes();

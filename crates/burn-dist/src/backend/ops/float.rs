@@ -44,7 +44,7 @@ forward! {
             P::keep(tensor, B::float_detach)
         }
         fn float_set_require_grad(tensor: FloatTensor<Self>, require_grad: bool) -> FloatTensor<Self> {
-            P::keep(tensor, |t| B::float_set_require_grad(t, require_grad))
+            P::set_require_grad(tensor, require_grad)
         }
         fn float_to_device(tensor: FloatTensor<Self>, device: &Device<Self>) -> FloatTensor<Self> {
             P::to_device(tensor, device)

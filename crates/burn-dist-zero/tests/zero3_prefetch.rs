@@ -1,0 +1,401 @@
+//! ZeRO stage 3's gather schedule: the first step records the order of the parameters' uses,
+//! rank 0's is checked against every rank's, and later steps gather ahead of use. It changes no
+//! bit of training (recomputation and accumulation included), a use off the schedule re-records
+//! it, evaluation keeps its own, a layer's weight and bias are one gather, and what it holds
+//! ahead stays within its window.
+
+use burn::backend::Autodiff;
+use burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing;
+use burn::module::AutodiffModule;
+use burn::tensor::Tensor;
+use burn_dist::{
+    BucketConfig, Ddp, DdpConfig, DistError, DistributedAutodiff, DistributedBackend, Phase,
+    PrefetchConfig, ShardStats, Sharded,
+};
+use burn_dist_comm::testing::run_ranks;
+use burn_dist_comm::{CommConfig, HostCommunicator};
+use burn_dist_testing::{MLP_SIZES, Mlp, Synthetic, parameters, shard_rows, synthetic_rows};
+use burn_dist_zero::ZeroAdamConfig;
+use burn_flex::{Flex, FlexDevice};
+
+type Stage3 = Autodiff<DistributedBackend<Flex, Sharded>>;
+type Stage3Checkpointed = Autodiff<DistributedBackend<Flex, Sharded>, BalancedCheckpointing>;
+type Inner = DistributedBackend<Flex, Sharded>;
+
+const LR: f64 = 1e-2;
+const GLOBAL_BATCH: usize = 12;
+
+/// Small buckets (the reduce-scatters interleave with the gathers), `accumulation`
+/// micro-batches, and `prefetch`.
+fn config(accumulation: usize, prefetch: PrefetchConfig) -> DdpConfig {
+    let buckets = BucketConfig::new()
+        .with_first_bucket_bytes(1024)
+        .with_bucket_bytes(4096);
+    DdpConfig::new()
+        .with_buckets(buckets)
+        .with_accumulation_steps(accumulation)
+        .with_prefetch(prefetch)
+}
+
+/// Every rank's final parameters and shard counters after `steps` ZeroAdam stage-3 steps.
+fn train<B: DistributedAutodiff<Device = FlexDevice>>(
+    task: Synthetic,
+    world: usize,
+    accumulation: usize,
+    prefetch: PrefetchConfig,
+    steps: usize,
+) -> Vec<(Vec<Vec<f32>>, ShardStats)> {
+    let comms = HostCommunicator::local_group(world, &CommConfig::default());
+    run_ranks(comms, |_, comm| {
+        let mut ddp = Ddp::for_thread(comm, config(accumulation, prefetch));
+        let optimizer = ZeroAdamConfig::new().with_stage(3);
+        let params = burn_dist_testing::train_synthetic::<B>(
+            &mut ddp,
+            task,
+            &optimizer,
+            steps,
+            GLOBAL_BATCH,
+            LR,
+            &FlexDevice,
+            |_, _| {},
+        )
+        .expect("training");
+        (params, ddp.shard_stats().expect("stage 3"))
+    })
+}
+
+fn params_of(ranks: &[(Vec<Vec<f32>>, ShardStats)]) -> Vec<&Vec<Vec<f32>>> {
+    ranks.iter().map(|(params, _)| params).collect()
+}
+
+#[test]
+fn gathering_ahead_changes_no_bit_of_stage_three() {
+    let tasks = [
+        Synthetic::Mlp,
+        Synthetic::Transformer,
+        Synthetic::ConvBatchNorm,
+        Synthetic::RmsNorm,
+    ];
+    for task in tasks {
+        for (world, accumulation) in [(2, 1), (3, 1), (2, 2), (3, 2)] {
+            let what = format!("{task:?}, {world} ranks × {accumulation} micro-batches");
+            let on_demand = train::<Stage3>(task, world, accumulation, PrefetchConfig::OFF, 6);
+            let ahead = train::<Stage3>(task, world, accumulation, PrefetchConfig::new(), 6);
+            assert!(
+                params_of(&ahead) == params_of(&on_demand),
+                "{what}: prefetching changed the parameters"
+            );
+            for (rank, (_, stats)) in ahead.iter().enumerate() {
+                assert_eq!(
+                    stats.schedules, 1,
+                    "{what}, rank {rank}: one schedule agreed"
+                );
+                assert_eq!(
+                    stats.off_schedule, 0,
+                    "{what}, rank {rank}: steps 2 on follow it"
+                );
+                assert!(
+                    stats.prefetched > 0,
+                    "{what}, rank {rank}: nothing gathered ahead"
+                );
+            }
+            for (rank, (_, stats)) in on_demand.iter().enumerate() {
+                assert_eq!(
+                    (stats.schedules, stats.prefetched),
+                    (0, 0),
+                    "{what}, rank {rank}: off means off"
+                );
+            }
+        }
+    }
+}
+
+/// Recomputation in backward (Burn's gradient checkpointing) gathers the recomputed layers
+/// again: those uses are in the schedule like any other.
+#[test]
+fn the_schedule_includes_the_gathers_of_recomputation() {
+    let on_demand =
+        train::<Stage3Checkpointed>(Synthetic::Transformer, 2, 1, PrefetchConfig::OFF, 5);
+    let ahead = train::<Stage3Checkpointed>(Synthetic::Transformer, 2, 1, PrefetchConfig::new(), 5);
+    assert!(params_of(&ahead) == params_of(&on_demand));
+    let plain = train::<Stage3>(Synthetic::Transformer, 2, 1, PrefetchConfig::new(), 5);
+    for ((_, checkpointed), (_, plain)) in ahead.iter().zip(&plain) {
+        assert_eq!(checkpointed.off_schedule, 0);
+        assert!(checkpointed.prefetched > 0);
+        // Per step, the recomputed forward's gathers come on top of the plain backward's.
+        assert!(
+            checkpointed.gathers > plain.gathers,
+            "recomputation gathered nothing more ({} vs {})",
+            checkpointed.gathers,
+            plain.gathers
+        );
+    }
+}
+
+/// Two branches, used in the order `order(step)` says: a step that changes the order
+/// meets a use its schedule does not expect.
+fn train_branches(
+    world: usize,
+    prefetch: PrefetchConfig,
+    order: impl Fn(usize) -> [usize; 2] + Sync,
+    steps: usize,
+) -> Vec<(Vec<Vec<f32>>, Vec<ShardStats>)> {
+    let comms = HostCommunicator::local_group(world, &CommConfig::default());
+    run_ranks(comms, |rank, comm| {
+        let mut ddp = Ddp::for_thread(comm, config(1, prefetch));
+        let branches: Vec<Mlp<Stage3>> = (0..2)
+            .map(|i| Mlp::new(&MLP_SIZES, 7 + i, &FlexDevice))
+            .collect();
+        let mut model = ddp.prepare_sharded(branches).unwrap();
+        let mut zero = ZeroAdamConfig::new()
+            .with_stage(3)
+            .init::<Stage3, _>(&ddp, &model)
+            .unwrap();
+        let mut per_step = Vec::new();
+        for step in 0..steps {
+            let rows = shard_rows(GLOBAL_BATCH, rank, world);
+            let [input, .., output] = MLP_SIZES;
+            let x = synthetic_rows::<Stage3, 2>(
+                0,
+                step,
+                [GLOBAL_BATCH, input],
+                rows.clone(),
+                &FlexDevice,
+            );
+            let y = synthetic_rows::<Stage3, 2>(1, step, [GLOBAL_BATCH, output], rows, &FlexDevice);
+            let [first, second] = order(step);
+            let out = model[first].forward(x.clone()) + model[second].forward(x);
+            let loss = (out - y).powi_scalar(2).mean();
+            let grads = ddp.backward(loss, &model).unwrap().unwrap();
+            model = zero.step(LR, model, grads, &ddp).unwrap().0;
+            per_step.push(ddp.shard_stats().unwrap());
+        }
+        (parameters::<Stage3, _>(&model), per_step)
+    })
+}
+
+#[test]
+fn a_use_off_the_schedule_gathers_on_demand_and_the_step_records_the_schedule_again() {
+    // Steps 0–2 use branch 0 first; step 3 branch 1 first; steps 4–6 branch 0 first again.
+    let order = |step: usize| if step == 3 { [1, 0] } else { [0, 1] };
+    let world = 2;
+    let on_demand = train_branches(world, PrefetchConfig::OFF, order, 7);
+    let ahead = train_branches(world, PrefetchConfig::new(), order, 7);
+    let final_params = |ranks: &[(Vec<Vec<f32>>, Vec<ShardStats>)]| {
+        ranks.iter().map(|(p, _)| p.clone()).collect::<Vec<_>>()
+    };
+    assert!(
+        final_params(&ahead) == final_params(&on_demand),
+        "a broken schedule changed the parameters"
+    );
+    for (rank, (_, steps)) in ahead.iter().enumerate() {
+        let at = |step: usize| (steps[step].schedules, steps[step].off_schedule);
+        assert_eq!(
+            at(0),
+            (1, 0),
+            "rank {rank}: step 0 records the first schedule"
+        );
+        assert_eq!(at(2), (1, 0), "rank {rank}: steps 1–2 follow it");
+        assert_eq!(
+            at(3),
+            (2, 1),
+            "rank {rank}: step 3 leaves it and records its own"
+        );
+        assert_eq!(
+            at(4),
+            (3, 2),
+            "rank {rank}: step 4 leaves step 3's and records again"
+        );
+        assert_eq!(at(6), (3, 2), "rank {rank}: steps 5–6 follow step 4's");
+        assert!(
+            steps[6].prefetched > steps[4].prefetched,
+            "rank {rank}: the new schedule gathers ahead"
+        );
+    }
+}
+
+/// Evaluation (`model.valid()`, between steps, on every rank) follows its own schedule: it
+/// neither breaks training's nor is broken by it, and gives the same outputs as on demand.
+#[test]
+fn evaluation_keeps_its_own_schedule() {
+    let run = |prefetch: PrefetchConfig| {
+        let comms = HostCommunicator::local_group(2, &CommConfig::default());
+        run_ranks(comms, |rank, comm| {
+            let mut ddp = Ddp::for_thread(comm, config(1, prefetch));
+            let mut model = ddp
+                .prepare_sharded(Mlp::<Stage3>::new(&MLP_SIZES, 7, &FlexDevice))
+                .unwrap();
+            let mut zero = ZeroAdamConfig::new()
+                .with_stage(3)
+                .init::<Stage3, _>(&ddp, &model)
+                .unwrap();
+            let [input, .., output] = MLP_SIZES;
+            let mut evaluations = Vec::new();
+            for step in 0..6 {
+                let rows = shard_rows(GLOBAL_BATCH, rank, 2);
+                let x = synthetic_rows::<Stage3, 2>(
+                    0,
+                    step,
+                    [GLOBAL_BATCH, input],
+                    rows.clone(),
+                    &FlexDevice,
+                );
+                let y = synthetic_rows::<Stage3, 2>(
+                    1,
+                    step,
+                    [GLOBAL_BATCH, output],
+                    rows.clone(),
+                    &FlexDevice,
+                );
+                let loss = (model.forward(x) - y).powi_scalar(2).mean();
+                let grads = ddp.backward(loss, &model).unwrap().unwrap();
+                model = zero.step(LR, model, grads, &ddp).unwrap().0;
+                let valid: Mlp<Inner> = model.valid();
+                let x =
+                    synthetic_rows::<Inner, 2>(2, step, [GLOBAL_BATCH, input], rows, &FlexDevice);
+                let out: Tensor<Inner, 2> = valid.forward(x);
+                evaluations.push(out.into_data().convert::<f32>().into_vec::<f32>().unwrap());
+            }
+            let shards = ddp.param_shards().unwrap();
+            let plans = (shards.schedule(Phase::Train), shards.schedule(Phase::Eval));
+            (evaluations, ddp.shard_stats().unwrap(), plans)
+        })
+    };
+    let on_demand = run(PrefetchConfig::OFF);
+    let ahead = run(PrefetchConfig::new());
+    for (rank, ((evaluations, stats, (train, eval)), (reference, ..))) in
+        ahead.into_iter().zip(on_demand).enumerate()
+    {
+        assert!(evaluations == reference, "rank {rank}: evaluation outputs");
+        assert_eq!(
+            stats.schedules, 2,
+            "rank {rank}: one for training, one for evaluation"
+        );
+        assert_eq!(
+            stats.off_schedule, 0,
+            "rank {rank}: neither broke the other"
+        );
+        let (train, _) = train.expect("a training schedule");
+        let (eval, _) = eval.expect("an evaluation schedule");
+        assert_eq!(
+            eval,
+            [0, 1, 2, 3, 4, 5],
+            "rank {rank}: evaluation is a forward"
+        );
+        assert!(
+            train.len() > eval.len(),
+            "rank {rank}: training has a backward too"
+        );
+    }
+}
+
+/// With units of one layer, each layer's weight and bias are one gather, and the most held at
+/// once is the layer being used plus the window's two layers ahead: more than on demand
+/// (the window is counted), never more than the window allows.
+#[test]
+fn a_layer_is_one_gather_and_what_is_held_ahead_stays_within_the_window() {
+    let layer_bytes: Vec<usize> = MLP_SIZES
+        .windows(2)
+        .map(|w| 4 * (w[0] * w[1] + w[1]))
+        .collect();
+    let largest = *layer_bytes.iter().max().unwrap();
+    let window = PrefetchConfig::new().with_unit_bytes(largest);
+    let comms = HostCommunicator::local_group(2, &CommConfig::default());
+    let ranks = run_ranks(comms, |rank, comm| {
+        let mut ddp = Ddp::for_thread(comm, config(1, window));
+        let mut model = ddp
+            .prepare_sharded(Mlp::<Stage3>::new(&MLP_SIZES, 7, &FlexDevice))
+            .unwrap();
+        let mut zero = ZeroAdamConfig::new()
+            .with_stage(3)
+            .init::<Stage3, _>(&ddp, &model)
+            .unwrap();
+        let [input, .., output] = MLP_SIZES;
+        let mut peaks = Vec::new();
+        for step in 0..4 {
+            let rows = shard_rows(GLOBAL_BATCH, rank, 2);
+            let x = synthetic_rows::<Stage3, 2>(
+                0,
+                step,
+                [GLOBAL_BATCH, input],
+                rows.clone(),
+                &FlexDevice,
+            );
+            let y = synthetic_rows::<Stage3, 2>(1, step, [GLOBAL_BATCH, output], rows, &FlexDevice);
+            let loss = (model.forward(x) - y).powi_scalar(2).mean();
+            let grads = ddp.backward(loss, &model).unwrap().unwrap();
+            model = zero.step(LR, model, grads, &ddp).unwrap().0;
+            peaks.push(ddp.shard_stats().unwrap().last_step_peak_bytes);
+        }
+        let (order, units) = ddp.param_shards().unwrap().schedule(Phase::Train).unwrap();
+        (peaks, order, units, ddp.shard_stats().unwrap())
+    });
+    for (rank, (peaks, order, units, stats)) in ranks.into_iter().enumerate() {
+        // Forward: each layer's linear(x, weight, bias); backward: the weights whose input
+        // gradient it needs, last layer first (not the first layer's: its input is data).
+        assert_eq!(
+            order,
+            [0, 1, 2, 3, 4, 5, 4, 2],
+            "rank {rank}: the order of uses"
+        );
+        assert_eq!(
+            units,
+            [0..2, 2..4, 4..6, 4..5, 2..3],
+            "rank {rank}: a layer's weight and bias are one gather"
+        );
+        assert_eq!(peaks[0], largest, "rank {rank}: step 0 gathers on demand");
+        let bound = 3 * largest;
+        for (step, &peak) in peaks.iter().enumerate().skip(1) {
+            assert!(
+                largest < peak && peak <= bound,
+                "rank {rank}, step {step}: held {peak} bytes at most, outside ({largest}, {bound}]"
+            );
+        }
+        assert_eq!(
+            stats.live_bytes, 0,
+            "rank {rank}: nothing held between steps"
+        );
+    }
+}
+
+/// Each rank checks its own recorded order against rank 0's. The step's digests agree first,
+/// so only a digest collision (injected here: a use recorded on rank 1 alone) gets this far;
+/// the rank whose order differs is named with the first entry where it does, and both sides.
+#[test]
+fn a_rank_whose_order_differs_from_rank_zeros_is_named_with_the_first_difference() {
+    let comms = HostCommunicator::local_group(2, &CommConfig::default());
+    let outcomes = run_ranks(comms, |rank, comm| {
+        let mut ddp = Ddp::for_thread(comm, config(1, PrefetchConfig::new()));
+        let model = ddp
+            .prepare_sharded(Mlp::<Stage3>::new(&MLP_SIZES, 7, &FlexDevice))
+            .unwrap();
+        let _ = model.layers[0].weight.val().mul_scalar(2.0);
+        let shards = ddp.param_shards().unwrap();
+        if rank == 1 {
+            shards.inject_recorded_use(2);
+        }
+        // What ZeroAdam's step does once the digests agreed: share and adopt the orders.
+        shards.end_step();
+        let adopted = shards.adopt_schedules();
+        (
+            adopted,
+            shards.schedule(Phase::Train).map(|(order, _)| order),
+        )
+    });
+    assert!(outcomes[0].0.is_ok(), "rank 0 adopts its own order");
+    assert_eq!(outcomes[0].1.as_deref(), Some(&[0][..]));
+    match &outcomes[1].0 {
+        Err(DistError::Schedule {
+            rank: 1,
+            phase: Phase::Train,
+            position: 1,
+            here,
+            rank0,
+        }) => {
+            assert_eq!(here, "`layers.1.weight`");
+            assert_eq!(rank0, "nothing");
+        }
+        other => panic!("rank 1: {other:?}"),
+    }
+    assert_eq!(outcomes[1].1, None, "rank 1 adopted no schedule");
+}

@@ -1,0 +1,281 @@
+//! The gathering side of the schedule (`schedule.rs` decides): a unit of adjacent parameters
+//! gathered in one collective, ahead of its use or on demand, and what it holds until used.
+
+use std::ops::Range;
+use std::sync::MutexGuard;
+use std::time::Instant;
+
+use burn_dist_comm::{CommError, HostBuffer, Pending};
+
+use super::ParamShards;
+use super::schedule::{BACKWARD_END, Phase, PrefetchConfig, Scheduler, Serve, Unit};
+
+/// One gather of consecutive parameters `params`: in flight, then their bytes, one part per
+/// parameter, taken by the uses it serves.
+pub(crate) struct UnitGather {
+    params: Range<usize>,
+    pending: Option<Pending<HostBuffer>>,
+    parts: Vec<Option<Vec<u8>>>,
+    /// Bytes gathered and not yet taken (counted live in the rank's stats).
+    remaining: usize,
+}
+
+impl ParamShards {
+    pub(super) fn scheduler(&self) -> MutexGuard<'_, Scheduler<UnitGather>> {
+        // A panic while it was held (a failed gather) leaves at worst gathers that are dropped.
+        self.scheduler.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// How far ahead this rank gathers (see [`PrefetchConfig`]); every rank must set the same.
+    pub fn prefetch(&self) -> PrefetchConfig {
+        self.scheduler().window()
+    }
+
+    /// Sets how far ahead gathers go from the next use on, on every rank alike
+    /// ([`PrefetchConfig::OFF`]: each parameter gathered on demand, alone, and no schedule kept).
+    pub fn set_prefetch(&self, window: PrefetchConfig) {
+        let dropped = self.scheduler().set_window(window);
+        self.discard(dropped);
+    }
+
+    /// The agreed order of uses of `phase` (parameter indices), and the parameters each of its
+    /// gathers covers; `None` before the first optimizer step.
+    pub fn schedule(&self, phase: Phase) -> Option<(Vec<usize>, Vec<Range<usize>>)> {
+        let scheduler = self.scheduler();
+        scheduler
+            .plan(phase)
+            .map(|(order, units)| (order.to_vec(), units))
+    }
+
+    /// A backward pass of this rank ended (the reducer's end-of-backward hook): the schedule
+    /// records it, and gathers ahead wait for it. The step's digest counts it, so that ranks
+    /// whose backward passes end at different points fail the step's agreement.
+    pub(crate) fn end_backward(&self) {
+        self.scheduler().end_backward();
+        self.hash_into_digest(BACKWARD_END);
+    }
+
+    /// Fault injection for the schedule tests: records a use of parameter `index` in this
+    /// rank's schedule alone, with no gather and no trace in the step's digest, as a digest
+    /// collision would leave it, so that only the check of the recorded orders can see it. For
+    /// a step without a schedule yet (the first): under one it would also take a gather's
+    /// place.
+    #[doc(hidden)]
+    pub fn inject_recorded_use(&self, index: usize) {
+        let dropped = self.scheduler().on_use(Phase::Train, index).dropped;
+        self.discard(dropped);
+    }
+
+    /// Parameter `index`'s bytes for an op of `phase`, as the schedule serves them; then issues
+    /// the gathers the window allows ahead.
+    pub(super) fn fetch(&self, index: usize, phase: Phase) -> Result<Vec<u8>, CommError> {
+        let mut scheduler = self.scheduler();
+        let decision = scheduler.on_use(phase, index);
+        self.state().stats.off_schedule = scheduler.off_plan;
+        self.discard(decision.dropped);
+        let bytes = match decision.serve {
+            Serve::Alone => self.gather_alone(index)?,
+            Serve::Ahead { offset, last } => {
+                let gather = scheduler.front().expect("the unit gathered ahead");
+                let part = self.take(gather, offset)?;
+                if last {
+                    let done = scheduler.pop_front();
+                    self.discard(done);
+                }
+                part
+            }
+            Serve::Demand {
+                unit,
+                unit_index,
+                offset,
+                last,
+            } => {
+                let mut gather = self.issue(&unit);
+                let part = self.take(&mut gather, offset)?;
+                if !last {
+                    scheduler.keep_front(unit_index, gather);
+                }
+                part
+            }
+        };
+        let ahead = scheduler.plan_ahead(|gather| gather.remaining, |unit| self.unit_bytes(unit));
+        for (unit_index, unit) in ahead {
+            let gather = self.issue(&unit);
+            self.state().stats.prefetched += 1;
+            scheduler.issued(unit_index, gather);
+        }
+        Ok(bytes)
+    }
+
+    fn unit_bytes(&self, unit: &Unit) -> usize {
+        unit.params.clone().map(|i| self.params[i].bytes()).sum()
+    }
+
+    /// Issues the all-gather of `unit`'s parameters: this rank's pieces of them, which are
+    /// next to each other in its shard, so the result is the parameters' values one after
+    /// the other. Tagged with the first parameter.
+    fn issue(&self, unit: &Unit) -> UnitGather {
+        let params = unit.params.clone();
+        let world = self.layout().world;
+        let mut counts = vec![0; world];
+        let mut piece = Vec::new();
+        for info in &self.params[params.clone()] {
+            let elem = info.dtype.size();
+            counts
+                .iter_mut()
+                .zip(&info.counts)
+                .for_each(|(c, n)| *c += n * elem);
+        }
+        for i in params.clone() {
+            piece.extend_from_slice(&self.piece_bytes(i));
+        }
+        let tag = u32::try_from(params.start + 1).expect("fewer than 2^32 parameters");
+        let pending = self
+            .comm
+            .all_gather_counts(HostBuffer::U8(piece), counts, tag);
+        let remaining = self.unit_bytes(unit);
+        self.hold_ahead(remaining);
+        UnitGather {
+            parts: vec![None; params.len()],
+            params,
+            pending: Some(pending),
+            remaining,
+        }
+    }
+
+    /// Parameter `index` alone, on demand.
+    pub(super) fn gather_alone(&self, index: usize) -> Result<Vec<u8>, CommError> {
+        let mut gather = self.issue(&Unit {
+            positions: 0..1,
+            params: index..index + 1,
+        });
+        self.take(&mut gather, 0)
+    }
+
+    /// The part of `gather` for its parameter at `offset`, waiting for it if it is in flight.
+    fn take(&self, gather: &mut UnitGather, offset: usize) -> Result<Vec<u8>, CommError> {
+        if let Some(pending) = gather.pending.take() {
+            let start = Instant::now();
+            let result = pending.wait();
+            let waited = start.elapsed().as_nanos() as u64;
+            self.state().stats.wait_nanos += waited;
+            let bytes = match result {
+                Ok(HostBuffer::U8(bytes)) => bytes,
+                Ok(_) => unreachable!("a u8 all-gather returns u8"),
+                Err(error) => {
+                    self.release_ahead(gather.remaining);
+                    gather.remaining = 0;
+                    return Err(error);
+                }
+            };
+            let mut rest = bytes.as_slice();
+            for (i, part) in gather.params.clone().zip(&mut gather.parts) {
+                let (mine, after) = rest.split_at(self.params[i].bytes());
+                *part = Some(mine.to_vec());
+                rest = after;
+            }
+        }
+        let part = gather.parts[offset]
+            .take()
+            .expect("each part of a unit serves one use");
+        gather.remaining -= part.len();
+        self.release_ahead(part.len());
+        Ok(part)
+    }
+
+    /// Gathers no longer wanted: their bytes are no longer held. (Peers issued the same ones:
+    /// the collectives complete on the communicator's thread, and their results are dropped.)
+    pub(super) fn discard(&self, gathers: impl IntoIterator<Item = UnitGather>) {
+        for gather in gathers {
+            self.release_ahead(gather.remaining);
+        }
+    }
+
+    /// The pieces change: what was gathered ahead from them is stale.
+    pub(super) fn forget_ahead(&self) {
+        let dropped = self.scheduler().restart_ahead();
+        self.discard(dropped);
+    }
+
+    fn hold_ahead(&self, bytes: usize) {
+        let stats = &mut self.state().stats;
+        stats.live_bytes += bytes;
+        stats.peak_live_bytes = stats.peak_live_bytes.max(stats.live_bytes);
+    }
+
+    fn release_ahead(&self, bytes: usize) {
+        let stats = &mut self.state().stats;
+        stats.live_bytes = stats.live_bytes.saturating_sub(bytes);
+    }
+
+    /// After every rank agreed on the step's sequence of uses (the step's digest): rank 0's
+    /// recorded sequence of each phase whose round was recorded is shared, every rank checks
+    /// its own against it (the ends of backward passes included), and it becomes the phase's
+    /// schedule.
+    pub fn adopt_schedules(&self) -> crate::Result<()> {
+        use burn_dist_comm::Communicator;
+        let candidates = std::mem::take(&mut self.state().candidates);
+        for (phase, order) in Phase::ALL.into_iter().zip(candidates) {
+            let Some(order) = order else { continue };
+            // The digests agreed, so every rank should hold the same sequence; rank 0's length
+            // goes first all the same, so that a rank whose sequence differs still takes part
+            // in the broadcast and names the difference instead of failing inside it.
+            let length = (order.len() as u64).to_le_bytes().to_vec();
+            let length = self.comm.broadcast(HostBuffer::U8(length), 0).wait()?;
+            let length = u64::from_le_bytes(length.as_bytes().try_into().expect("8 bytes"));
+            let mut bytes: Vec<u8> = order
+                .iter()
+                .flat_map(|&i| encode_entry(i).to_le_bytes())
+                .collect();
+            bytes.resize(4 * length as usize, 0);
+            let shared = self.comm.broadcast(HostBuffer::U8(bytes), 0).wait()?;
+            let rank0: Vec<usize> = shared
+                .as_bytes()
+                .chunks_exact(4)
+                .map(|b| decode_entry(u32::from_le_bytes(b.try_into().expect("4 bytes"))))
+                .collect();
+            if let Some(position) =
+                (0..order.len().max(rank0.len())).find(|&p| order.get(p) != rank0.get(p))
+            {
+                let name = |i: Option<&usize>| match i {
+                    None => "nothing".to_string(),
+                    Some(&BACKWARD_END) => "the end of a backward pass".to_string(),
+                    Some(&i) => format!("`{}`", self.params[i].name),
+                };
+                return Err(crate::DistError::Schedule {
+                    rank: self.rank(),
+                    phase,
+                    position,
+                    here: name(order.get(position)),
+                    rank0: name(rank0.get(position)),
+                });
+            }
+            let dtypes: Vec<_> = self.params.iter().map(|p| p.dtype).collect();
+            self.scheduler().adopt(
+                phase,
+                order,
+                |i| self.params[i].bytes(),
+                |first, next| dtypes[first] == dtypes[next],
+            );
+            self.state().stats.schedules += 1;
+        }
+        Ok(())
+    }
+}
+
+/// A sequence entry on the wire: a parameter index, or `u32::MAX` for [`BACKWARD_END`].
+fn encode_entry(entry: usize) -> u32 {
+    if entry == BACKWARD_END {
+        u32::MAX
+    } else {
+        u32::try_from(entry).expect("fewer than 2^32 - 1 parameters")
+    }
+}
+
+fn decode_entry(wire: u32) -> usize {
+    if wire == u32::MAX {
+        BACKWARD_END
+    } else {
+        wire as usize
+    }
+}
