@@ -246,6 +246,17 @@ impl OptimizerKind for BurnAdamW {
     }
 }
 
+/// Small buckets (1 KiB first, 4 KiB after) and `accumulation` micro-batches: the synthetic
+/// models then span several buckets, and ZeRO's gradient segments cross shard boundaries.
+pub fn small_bucket_config(accumulation: usize) -> burn_dist::DdpConfig {
+    let buckets = burn_dist::BucketConfig::new()
+        .with_first_bucket_bytes(1024)
+        .with_bucket_bytes(4096);
+    burn_dist::DdpConfig::new()
+        .with_buckets(buckets)
+        .with_accumulation_steps(accumulation)
+}
+
 /// Trains `task` with `world` in-process ranks (threads, host collectives) and returns every
 /// rank's final parameters: the common body of the equivalence tests.
 #[allow(clippy::too_many_arguments)] // as train_synthetic

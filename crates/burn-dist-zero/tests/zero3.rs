@@ -6,8 +6,10 @@
 
 use burn::backend::Autodiff;
 use burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing;
-use burn_dist::{BucketConfig, DdpConfig, DistributedAutodiff, DistributedBackend, Sharded};
-use burn_dist_testing::{BurnAdam, BurnAdamW, OptimizerKind, Synthetic, assert_close, train_ranks};
+use burn_dist::{DistributedAutodiff, DistributedBackend, Sharded};
+use burn_dist_testing::{
+    BurnAdam, BurnAdamW, OptimizerKind, Synthetic, assert_close, small_bucket_config, train_ranks,
+};
 use burn_dist_zero::ZeroAdamConfig;
 use burn_flex::{Flex, FlexDevice};
 
@@ -25,17 +27,6 @@ const TASKS: [Synthetic; 4] = [
     Synthetic::RmsNorm,
 ];
 
-/// Small buckets, so that the models span several and the gradient segments cross shard
-/// boundaries.
-fn ddp_config(accumulation: usize) -> DdpConfig {
-    let buckets = BucketConfig::new()
-        .with_first_bucket_bytes(1024)
-        .with_bucket_bytes(4096);
-    DdpConfig::new()
-        .with_buckets(buckets)
-        .with_accumulation_steps(accumulation)
-}
-
 /// Every rank's final parameters after `steps` steps of `task` on `world` thread ranks.
 fn train<B: DistributedAutodiff<Device = burn_flex::FlexDevice>>(
     task: Synthetic,
@@ -46,7 +37,7 @@ fn train<B: DistributedAutodiff<Device = burn_flex::FlexDevice>>(
 ) -> Vec<Vec<Vec<f32>>> {
     let ranks = train_ranks::<B>(
         world,
-        &ddp_config(accumulation),
+        &small_bucket_config(accumulation),
         task,
         optimizer,
         steps,
@@ -160,7 +151,7 @@ fn a_full_record_loaded_into_a_sharded_model_is_resharded_by_preparing_it_again(
 
     let comms = HostCommunicator::local_group(2, &CommConfig::default());
     let outcomes = run_ranks(comms, |_, comm| {
-        let mut ddp = Ddp::for_thread(comm, ddp_config(1));
+        let mut ddp = Ddp::for_thread(comm, small_bucket_config(1));
         let model = ddp
             .prepare_sharded(Mlp::<Stage3>::new(&MLP_SIZES, 99, &FlexDevice))
             .unwrap();

@@ -9,13 +9,15 @@ use burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing;
 use burn::module::AutodiffModule;
 use burn::tensor::Tensor;
 use burn_dist::{
-    BucketConfig, Ddp, DdpConfig, DistError, DistributedAutodiff, DistributedBackend, Phase,
-    PrefetchConfig, ShardStats, Sharded,
+    Ddp, DdpConfig, DistError, DistributedAutodiff, DistributedBackend, Phase, PrefetchConfig,
+    ShardStats, Sharded,
 };
 use burn_dist_comm::testing::run_ranks;
 use burn_dist_comm::{CommConfig, HostCommunicator};
-use burn_dist_testing::{MLP_SIZES, Mlp, Synthetic, parameters, shard_rows, synthetic_rows};
-use burn_dist_zero::ZeroAdamConfig;
+use burn_dist_testing::{
+    MLP_SIZES, Mlp, Synthetic, parameters, shard_rows, small_bucket_config, synthetic_rows,
+};
+use burn_dist_zero::{ZeroAdam, ZeroAdamConfig};
 use burn_flex::{Flex, FlexDevice};
 
 type Stage3 = Autodiff<DistributedBackend<Flex, Sharded>>;
@@ -28,13 +30,40 @@ const GLOBAL_BATCH: usize = 12;
 /// Small buckets (the reduce-scatters interleave with the gathers), `accumulation`
 /// micro-batches, and `prefetch`.
 fn config(accumulation: usize, prefetch: PrefetchConfig) -> DdpConfig {
-    let buckets = BucketConfig::new()
-        .with_first_bucket_bytes(1024)
-        .with_bucket_bytes(4096);
-    DdpConfig::new()
-        .with_buckets(buckets)
-        .with_accumulation_steps(accumulation)
-        .with_prefetch(prefetch)
+    small_bucket_config(accumulation).with_prefetch(prefetch)
+}
+
+/// A rank's stage-3 job on `model`: its `Ddp`, the sharded model and ZeroAdam at stage 3.
+fn start<M: AutodiffModule<Stage3>>(
+    comm: HostCommunicator,
+    prefetch: PrefetchConfig,
+    model: M,
+) -> (Ddp, M, ZeroAdam) {
+    let mut ddp = Ddp::for_thread(comm, config(1, prefetch));
+    let model = ddp.prepare_sharded(model).unwrap();
+    let zero = ZeroAdamConfig::new()
+        .with_stage(3)
+        .init::<Stage3, _>(&ddp, &model)
+        .unwrap();
+    (ddp, model, zero)
+}
+
+/// One training step on this rank's rows of the MLP's synthetic data, `forward` mapping the
+/// input to the output.
+fn mlp_step<M: AutodiffModule<Stage3>>(
+    ddp: &mut Ddp,
+    zero: &mut ZeroAdam,
+    model: M,
+    step: usize,
+    forward: impl Fn(&M, Tensor<Stage3, 2>) -> Tensor<Stage3, 2>,
+) -> M {
+    let rows = shard_rows(GLOBAL_BATCH, ddp.rank(), ddp.world_size());
+    let [input, .., output] = MLP_SIZES;
+    let x = synthetic_rows::<Stage3, 2>(0, step, [GLOBAL_BATCH, input], rows.clone(), &FlexDevice);
+    let y = synthetic_rows::<Stage3, 2>(1, step, [GLOBAL_BATCH, output], rows, &FlexDevice);
+    let loss = (forward(&model, x) - y).powi_scalar(2).mean();
+    let grads = ddp.backward(loss, &model).unwrap().unwrap();
+    zero.step(LR, model, grads, ddp).unwrap().0
 }
 
 /// Every rank's final parameters and shard counters after `steps` ZeroAdam stage-3 steps.
@@ -141,33 +170,17 @@ fn train_branches(
     steps: usize,
 ) -> Vec<(Vec<Vec<f32>>, Vec<ShardStats>)> {
     let comms = HostCommunicator::local_group(world, &CommConfig::default());
-    run_ranks(comms, |rank, comm| {
-        let mut ddp = Ddp::for_thread(comm, config(1, prefetch));
+    run_ranks(comms, |_, comm| {
         let branches: Vec<Mlp<Stage3>> = (0..2)
             .map(|i| Mlp::new(&MLP_SIZES, 7 + i, &FlexDevice))
             .collect();
-        let mut model = ddp.prepare_sharded(branches).unwrap();
-        let mut zero = ZeroAdamConfig::new()
-            .with_stage(3)
-            .init::<Stage3, _>(&ddp, &model)
-            .unwrap();
+        let (mut ddp, mut model, mut zero) = start(comm, prefetch, branches);
         let mut per_step = Vec::new();
         for step in 0..steps {
-            let rows = shard_rows(GLOBAL_BATCH, rank, world);
-            let [input, .., output] = MLP_SIZES;
-            let x = synthetic_rows::<Stage3, 2>(
-                0,
-                step,
-                [GLOBAL_BATCH, input],
-                rows.clone(),
-                &FlexDevice,
-            );
-            let y = synthetic_rows::<Stage3, 2>(1, step, [GLOBAL_BATCH, output], rows, &FlexDevice);
             let [first, second] = order(step);
-            let out = model[first].forward(x.clone()) + model[second].forward(x);
-            let loss = (out - y).powi_scalar(2).mean();
-            let grads = ddp.backward(loss, &model).unwrap().unwrap();
-            model = zero.step(LR, model, grads, &ddp).unwrap().0;
+            model = mlp_step(&mut ddp, &mut zero, model, step, |model, x| {
+                model[first].forward(x.clone()) + model[second].forward(x)
+            });
             per_step.push(ddp.shard_stats().unwrap());
         }
         (parameters::<Stage3, _>(&model), per_step)
@@ -221,38 +234,17 @@ fn evaluation_keeps_its_own_schedule() {
     let run = |prefetch: PrefetchConfig| {
         let comms = HostCommunicator::local_group(2, &CommConfig::default());
         run_ranks(comms, |rank, comm| {
-            let mut ddp = Ddp::for_thread(comm, config(1, prefetch));
-            let mut model = ddp
-                .prepare_sharded(Mlp::<Stage3>::new(&MLP_SIZES, 7, &FlexDevice))
-                .unwrap();
-            let mut zero = ZeroAdamConfig::new()
-                .with_stage(3)
-                .init::<Stage3, _>(&ddp, &model)
-                .unwrap();
-            let [input, .., output] = MLP_SIZES;
+            let mlp = Mlp::<Stage3>::new(&MLP_SIZES, 7, &FlexDevice);
+            let (mut ddp, mut model, mut zero) = start(comm, prefetch, mlp);
             let mut evaluations = Vec::new();
             for step in 0..6 {
-                let rows = shard_rows(GLOBAL_BATCH, rank, 2);
-                let x = synthetic_rows::<Stage3, 2>(
-                    0,
-                    step,
-                    [GLOBAL_BATCH, input],
-                    rows.clone(),
-                    &FlexDevice,
-                );
-                let y = synthetic_rows::<Stage3, 2>(
-                    1,
-                    step,
-                    [GLOBAL_BATCH, output],
-                    rows.clone(),
-                    &FlexDevice,
-                );
-                let loss = (model.forward(x) - y).powi_scalar(2).mean();
-                let grads = ddp.backward(loss, &model).unwrap().unwrap();
-                model = zero.step(LR, model, grads, &ddp).unwrap().0;
+                model = mlp_step(&mut ddp, &mut zero, model, step, |model, x| {
+                    model.forward(x)
+                });
                 let valid: Mlp<Inner> = model.valid();
-                let x =
-                    synthetic_rows::<Inner, 2>(2, step, [GLOBAL_BATCH, input], rows, &FlexDevice);
+                let rows = shard_rows(GLOBAL_BATCH, rank, 2);
+                let shape = [GLOBAL_BATCH, MLP_SIZES[0]];
+                let x = synthetic_rows::<Inner, 2>(2, step, shape, rows, &FlexDevice);
                 let out: Tensor<Inner, 2> = valid.forward(x);
                 evaluations.push(out.into_data().convert::<f32>().into_vec::<f32>().unwrap());
             }
@@ -301,30 +293,14 @@ fn a_layer_is_one_gather_and_what_is_held_ahead_stays_within_the_window() {
     let largest = *layer_bytes.iter().max().unwrap();
     let window = PrefetchConfig::new().with_unit_bytes(largest);
     let comms = HostCommunicator::local_group(2, &CommConfig::default());
-    let ranks = run_ranks(comms, |rank, comm| {
-        let mut ddp = Ddp::for_thread(comm, config(1, window));
-        let mut model = ddp
-            .prepare_sharded(Mlp::<Stage3>::new(&MLP_SIZES, 7, &FlexDevice))
-            .unwrap();
-        let mut zero = ZeroAdamConfig::new()
-            .with_stage(3)
-            .init::<Stage3, _>(&ddp, &model)
-            .unwrap();
-        let [input, .., output] = MLP_SIZES;
+    let ranks = run_ranks(comms, |_, comm| {
+        let mlp = Mlp::<Stage3>::new(&MLP_SIZES, 7, &FlexDevice);
+        let (mut ddp, mut model, mut zero) = start(comm, window, mlp);
         let mut peaks = Vec::new();
         for step in 0..4 {
-            let rows = shard_rows(GLOBAL_BATCH, rank, 2);
-            let x = synthetic_rows::<Stage3, 2>(
-                0,
-                step,
-                [GLOBAL_BATCH, input],
-                rows.clone(),
-                &FlexDevice,
-            );
-            let y = synthetic_rows::<Stage3, 2>(1, step, [GLOBAL_BATCH, output], rows, &FlexDevice);
-            let loss = (model.forward(x) - y).powi_scalar(2).mean();
-            let grads = ddp.backward(loss, &model).unwrap().unwrap();
-            model = zero.step(LR, model, grads, &ddp).unwrap().0;
+            model = mlp_step(&mut ddp, &mut zero, model, step, |model, x| {
+                model.forward(x)
+            });
             peaks.push(ddp.shard_stats().unwrap().last_step_peak_bytes);
         }
         let (order, units) = ddp.param_shards().unwrap().schedule(Phase::Train).unwrap();
@@ -398,4 +374,45 @@ fn a_rank_whose_order_differs_from_rank_zeros_is_named_with_the_first_difference
         other => panic!("rank 1: {other:?}"),
     }
     assert_eq!(outcomes[1].1, None, "rank 1 adopted no schedule");
+}
+
+/// Burn's attention applies its query, key and value projections one after the other: their
+/// six tensors, next to each other in the layout, are one gather.
+#[test]
+fn the_query_key_and_value_projections_are_one_gather() {
+    let comms = HostCommunicator::local_group(2, &CommConfig::default());
+    let units = run_ranks(comms, |_, comm| {
+        let mut ddp = Ddp::for_thread(comm, config(1, PrefetchConfig::new()));
+        let optimizer = ZeroAdamConfig::new().with_stage(3);
+        burn_dist_testing::train_synthetic::<Stage3>(
+            &mut ddp,
+            Synthetic::Transformer,
+            &optimizer,
+            2,
+            GLOBAL_BATCH,
+            LR,
+            &FlexDevice,
+            |_, _| {},
+        )
+        .unwrap();
+        let shards = ddp.param_shards().unwrap();
+        let (_, units) = shards.schedule(Phase::Train).unwrap();
+        let names = |unit: std::ops::Range<usize>| -> Vec<String> {
+            unit.map(|i| shards.params()[i].name.clone()).collect()
+        };
+        units.into_iter().map(names).collect::<Vec<_>>()
+    });
+    let first = &units[0][0];
+    let projections: Vec<String> = ["query", "key", "value"]
+        .iter()
+        .flat_map(|p| ["weight", "bias"].map(|t| format!("encoder.layers.0.mha.{p}.{t}")))
+        .collect();
+    assert!(
+        first.starts_with(&projections),
+        "the first gather is {first:?}"
+    );
+    assert!(
+        units.iter().all(|u| *u == units[0]),
+        "every rank has the same units"
+    );
 }

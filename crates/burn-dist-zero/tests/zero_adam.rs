@@ -2,7 +2,7 @@
 //! 50 steps; stage 2 equals stage 1 and keeps only its shard of the gradient.
 
 use burn::backend::Autodiff;
-use burn_dist::{BucketConfig, Ddp, DdpConfig, DistributedBackend};
+use burn_dist::{Ddp, DdpConfig, DistributedBackend};
 use burn_dist_comm::testing::run_ranks;
 use burn_dist_comm::{CommConfig, HostCommunicator};
 use burn_dist_testing::{
@@ -25,23 +25,13 @@ fn train(
     train_accumulating(task, world, 1, optimizer)
 }
 
-/// Small buckets, so that the models span several and ZeRO-2's segments cross shard boundaries.
-fn ddp_config(accumulation: usize) -> DdpConfig {
-    let buckets = BucketConfig::new()
-        .with_first_bucket_bytes(1024)
-        .with_bucket_bytes(4096);
-    DdpConfig::new()
-        .with_buckets(buckets)
-        .with_accumulation_steps(accumulation)
-}
-
 fn train_accumulating(
     task: Synthetic,
     world: usize,
     accumulation: usize,
     optimizer: &(impl OptimizerKind + Sync),
 ) -> Vec<Vec<Vec<f32>>> {
-    let config = ddp_config(accumulation);
+    let config = burn_dist_testing::small_bucket_config(accumulation);
     train_ranks::<B>(
         world,
         &config,
@@ -219,7 +209,7 @@ fn after_backward_each_rank_holds_only_its_gradient_shard() {
         let ranks = run_ranks(
             HostCommunicator::local_group(WORLD, &CommConfig::default()),
             |rank, comm| {
-                let mut ddp = Ddp::for_thread(comm, ddp_config(1));
+                let mut ddp = Ddp::for_thread(comm, burn_dist_testing::small_bucket_config(1));
                 let model = ddp
                     .prepare(Mlp::<B>::new(&MLP_SIZES, 7, &FlexDevice))
                     .unwrap();

@@ -12,6 +12,10 @@
 //! - **An op that receives a handle gathers it** (`ParamShards::gather`: one uneven all-gather
 //!   of the pieces, tagged with the parameter), replays the handle's views, calls `B`'s op, and
 //!   the full copy is dropped when the op returns (`frame.rs` counts it as live until then).
+//! - **From the second step on the gathers run ahead** (`schedule.rs` decides, `prefetch.rs`
+//!   gathers): the first step records the order of the uses, every rank agrees on it at the
+//!   optimizer step, and later steps gather the next units of adjacent parameters (a layer's
+//!   weight and bias) while the current op runs, within [`PrefetchConfig`]'s window.
 //! - **Autodiff saves what an op received**, and for a parameter that is the handle (a cheap
 //!   clone), so backward gathers the parameter again where it needs it: FSDP's re-gather in
 //!   backward, with no wrapper around any module.
