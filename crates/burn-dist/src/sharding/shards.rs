@@ -390,6 +390,9 @@ impl ParamShards {
     /// float dtype) and keeps it in the parameter's dtype: a full record or checkpoint loaded
     /// into the sharded model, one parameter at a time. Nothing is communicated.
     pub fn write_piece(&self, index: usize, full: TensorData) {
+        // On every rank alike, holding a piece or not: what it drops decides what is gathered
+        // ahead next, which must be the same everywhere.
+        self.forget_ahead();
         let Some(piece) = self
             .layout
             .pieces(self.rank())
@@ -398,7 +401,6 @@ impl ParamShards {
         else {
             return; // this rank holds none of it
         };
-        self.forget_ahead();
         let info = &self.params[index];
         let elem = info.dtype.size();
         let bytes = full.convert_dtype(info.dtype).into_bytes();
