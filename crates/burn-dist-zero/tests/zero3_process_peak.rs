@@ -12,7 +12,9 @@ use burn::backend::Autodiff;
 use burn::module::Module;
 use burn::nn::{Linear, LinearConfig};
 use burn::tensor::Tensor;
-use burn_dist::{BucketConfig, Ddp, DdpConfig, DistributedAutodiff, DistributedBackend, Sharded};
+use burn_dist::{
+    BucketConfig, Ddp, DdpConfig, DistributedAutodiff, DistributedBackend, PrefetchConfig, Sharded,
+};
 use burn_dist_comm::testing::run_ranks;
 use burn_dist_comm::{CommConfig, HostCommunicator};
 use burn_dist_testing::{shard_rows, synthetic_rows};
@@ -107,11 +109,17 @@ fn peak_of<B: DistributedAutodiff<Device = FlexDevice>>(stage: u8) -> usize {
     let before = CURRENT.load(Ordering::Relaxed);
     PEAK.store(before, Ordering::Relaxed);
     run_ranks(comms, |rank, comm| {
-        // Buckets of a fraction of the model, as 25 MiB buckets are of a large one.
+        // Buckets of a fraction of the model, as 25 MiB buckets are of a large one, and stage
+        // 3's gathers ahead scaled alike (a unit of at most a bucket, as by default): with the
+        // default 25 MiB one unit would be the whole model.
         let buckets = BucketConfig::new()
             .with_first_bucket_bytes(64 << 10)
             .with_bucket_bytes(256 << 10);
-        let mut ddp = Ddp::for_thread(comm, DdpConfig::new().with_buckets(buckets));
+        let prefetch = PrefetchConfig::new().with_unit_bytes(256 << 10);
+        let config = DdpConfig::new()
+            .with_buckets(buckets)
+            .with_prefetch(prefetch);
+        let mut ddp = Ddp::for_thread(comm, config);
         let mut model = B::prepare_model(&mut ddp, Wide::<B>::new(&FlexDevice)).unwrap();
         let mut zero = ZeroAdamConfig::new()
             .with_stage(stage)
