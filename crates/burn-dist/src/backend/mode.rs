@@ -42,8 +42,8 @@ pub trait Mode<B: Backend>:
     /// A shape operation: `B`'s on a local tensor, recorded on a handle (never a gather).
     fn view(tensor: Self::Float, view: View) -> Self::Float;
 
-    /// `B`'s `op` on a local tensor; a handle unchanged (detach and require-grad on the inner
-    /// backend, which does not track gradients).
+    /// `B`'s `op` on a local tensor; a handle unchanged (detach on the inner backend, which does
+    /// not track gradients).
     fn keep(
         tensor: Self::Float,
         op: impl FnOnce(B::FloatTensorPrimitive) -> B::FloatTensorPrimitive,

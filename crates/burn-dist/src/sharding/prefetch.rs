@@ -71,7 +71,6 @@ impl ParamShards {
     pub(super) fn fetch(&self, index: usize, phase: Phase) -> Result<Vec<u8>, CommError> {
         let mut scheduler = self.scheduler();
         let decision = scheduler.on_use(phase, index);
-        self.state().stats.off_schedule = scheduler.off_plan;
         self.discard(decision.dropped);
         let bytes = match decision.serve {
             Serve::Alone => self.gather_alone(index)?,
@@ -134,7 +133,7 @@ impl ParamShards {
             .comm
             .all_gather_counts(HostBuffer::U8(piece), counts, tag);
         let remaining = self.unit_bytes(unit);
-        self.hold_ahead(remaining);
+        self.state().stats.hold(remaining);
         UnitGather {
             parts: vec![None; params.len()],
             params,
@@ -163,23 +162,28 @@ impl ParamShards {
                 Ok(HostBuffer::U8(bytes)) => bytes,
                 Ok(_) => unreachable!("a u8 all-gather returns u8"),
                 Err(error) => {
-                    self.release_ahead(gather.remaining);
+                    self.release(gather.remaining);
                     gather.remaining = 0;
                     return Err(error);
                 }
             };
-            let mut rest = bytes.as_slice();
-            for (i, part) in gather.params.clone().zip(&mut gather.parts) {
-                let (mine, after) = rest.split_at(self.params[i].bytes());
-                *part = Some(mine.to_vec());
-                rest = after;
+            if gather.parts.len() == 1 {
+                // A parameter alone (on demand, most of backward): its bytes as they came.
+                gather.parts[0] = Some(bytes);
+            } else {
+                let mut rest = bytes.as_slice();
+                for (i, part) in gather.params.clone().zip(&mut gather.parts) {
+                    let (mine, after) = rest.split_at(self.params[i].bytes());
+                    *part = Some(mine.to_vec());
+                    rest = after;
+                }
             }
         }
         let part = gather.parts[offset]
             .take()
             .expect("each part of a unit serves one use");
         gather.remaining -= part.len();
-        self.release_ahead(part.len());
+        self.release(part.len());
         Ok(part)
     }
 
@@ -187,7 +191,7 @@ impl ParamShards {
     /// the collectives complete on the communicator's thread, and their results are dropped.)
     pub(super) fn discard(&self, gathers: impl IntoIterator<Item = UnitGather>) {
         for gather in gathers {
-            self.release_ahead(gather.remaining);
+            self.release(gather.remaining);
         }
     }
 
@@ -195,17 +199,6 @@ impl ParamShards {
     pub(super) fn forget_ahead(&self) {
         let dropped = self.scheduler().restart_ahead();
         self.discard(dropped);
-    }
-
-    fn hold_ahead(&self, bytes: usize) {
-        let stats = &mut self.state().stats;
-        stats.live_bytes += bytes;
-        stats.peak_live_bytes = stats.peak_live_bytes.max(stats.live_bytes);
-    }
-
-    fn release_ahead(&self, bytes: usize) {
-        let stats = &mut self.state().stats;
-        stats.live_bytes = stats.live_bytes.saturating_sub(bytes);
     }
 
     /// After every rank agreed on the step's sequence of uses (the step's digest): rank 0's
@@ -250,12 +243,11 @@ impl ParamShards {
                     rank0: name(rank0.get(position)),
                 });
             }
-            let dtypes: Vec<_> = self.params.iter().map(|p| p.dtype).collect();
             self.scheduler().adopt(
                 phase,
                 order,
                 |i| self.params[i].bytes(),
-                |first, next| dtypes[first] == dtypes[next],
+                |first, next| self.params[first].dtype == self.params[next].dtype,
             );
             self.state().stats.schedules += 1;
         }

@@ -232,10 +232,8 @@ pub(crate) struct Scheduler<T> {
     current: Option<Phase>,
     /// Units gathered ahead for the current phase, in plan order: (unit index, gather).
     ahead: VecDeque<(usize, T)>,
-    /// Uses the plan did not expect, since the start.
+    /// Uses the plan did not expect, since the start (`ShardStats::off_schedule`).
     pub off_plan: u64,
-    /// Plans adopted, since the start.
-    pub adopted: u64,
 }
 
 impl<T> Scheduler<T> {
@@ -246,7 +244,6 @@ impl<T> Scheduler<T> {
             current: None,
             ahead: VecDeque::new(),
             off_plan: 0,
-            adopted: 0,
         }
     }
 
@@ -437,7 +434,6 @@ impl<T> Scheduler<T> {
     ) {
         let plan = Plan::new(sequence, bytes, joins, self.window.unit_bytes);
         self.tracks[phase.slot()].plan = Some(plan);
-        self.adopted += 1;
     }
 
     /// The plan of `phase`, as parameter indices in use order, and its units' parameters.

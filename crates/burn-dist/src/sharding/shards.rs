@@ -71,6 +71,14 @@ pub struct ShardStats {
     pub wait_nanos: u64,
 }
 
+impl ShardStats {
+    /// `bytes` of gathered parameters more are held (by an op, or gathered ahead).
+    pub(super) fn hold(&mut self, bytes: usize) {
+        self.live_bytes += bytes;
+        self.peak_live_bytes = self.peak_live_bytes.max(self.live_bytes);
+    }
+}
+
 /// What a model's parameter tensor holds, as [`ParamShards::holding`] sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Holding {
@@ -215,7 +223,9 @@ impl ParamShards {
     }
 
     pub fn stats(&self) -> ShardStats {
-        self.state().stats
+        let mut stats = self.state().stats;
+        stats.off_schedule = self.scheduler().off_plan;
+        stats
     }
 
     /// Parameter `index` from every rank's piece, as `B`'s tensor on `device`. Counts a use;
@@ -277,8 +287,7 @@ impl ParamShards {
             Use::Op => {
                 stats.gathers += 1;
                 stats.gathered_bytes += bytes as u64;
-                stats.live_bytes += bytes;
-                stats.peak_live_bytes = stats.peak_live_bytes.max(stats.live_bytes);
+                stats.hold(bytes);
             }
             Use::Read => stats.reads += 1,
         }
@@ -292,7 +301,8 @@ impl ParamShards {
         self.count(index, Use::Read);
     }
 
-    /// The op that held `bytes` of gathered parameters returned.
+    /// `bytes` of gathered parameters are no longer held: the op that held them returned, or
+    /// what was gathered ahead was taken or dropped.
     pub(crate) fn release(&self, bytes: usize) {
         let mut state = self.state();
         state.stats.live_bytes = state.stats.live_bytes.saturating_sub(bytes);
