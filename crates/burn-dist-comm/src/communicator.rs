@@ -2,6 +2,7 @@
 //! thread (the host analogue of a CUDA comm stream), completed through [`Pending`] handles.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
 use std::thread::JoinHandle;
 
@@ -9,7 +10,7 @@ use crate::algorithms::{self, Scratch};
 use crate::reduce::chunk_range;
 use crate::transport::local::local_group;
 use crate::transport::{Link, Transport};
-use crate::{CommConfig, CommError, DType, HostBuffer, OpDesc, OpKind, ReduceOp, Result};
+use crate::{CommConfig, CommError, DType, HostBuffer, Lane, OpDesc, OpKind, ReduceOp, Result};
 
 /// Collectives over flat buffers with asynchronous completion.
 ///
@@ -126,25 +127,53 @@ enum Job {
     Abort(String, Done<()>),
 }
 
-/// The host (CPU) communicator, over in-process channels or TCP.
+/// The host (CPU) communicator, over in-process channels, TCP or shared memory.
+///
+/// A group may have two lanes (see [`CommConfig::gather_lane`]): this communicator is the main
+/// one, and [`HostCommunicator::gather_lane`] the other, with its own links and worker.
 pub struct HostCommunicator {
     rank: usize,
     world: usize,
     links: Vec<Option<Link>>,
     jobs: Option<Sender<Job>>,
     worker: Option<JoinHandle<()>>,
+    /// Collectives issued on this lane.
+    issued: AtomicU64,
+    /// The gather lane, if the group has one.
+    gathers: Option<Box<HostCommunicator>>,
 }
 
 impl HostCommunicator {
-    pub(crate) fn new(transport: Box<dyn Transport>) -> Result<Self> {
+    /// A communicator over `lanes` (the main lane's transport first, then the gather lane's if
+    /// the group has one): one worker thread per lane.
+    pub(crate) fn new<T: Transport + 'static>(lanes: Vec<T>) -> Result<Self> {
+        let mut lanes = lanes.into_iter().map(|t| Box::new(t) as Box<dyn Transport>);
+        let main = lanes.next().expect("a communicator has a main lane");
+        let gathers = lanes
+            .next()
+            .map(|t| HostCommunicator::lane(t, Lane::Gather, None).map(Box::new))
+            .transpose()?;
+        HostCommunicator::lane(main, Lane::Main, gathers)
+    }
+
+    fn lane(
+        transport: Box<dyn Transport>,
+        lane: Lane,
+        gathers: Option<Box<HostCommunicator>>,
+    ) -> Result<Self> {
         let (rank, world, links) = (transport.rank(), transport.world(), transport.links());
         let (jobs, queue) = mpsc::channel();
+        let name = match lane {
+            Lane::Main => format!("burn-dist-comm-{rank}"),
+            Lane::Gather => format!("burn-dist-gather-{rank}"),
+        };
         let worker = std::thread::Builder::new()
-            .name(format!("burn-dist-comm-{rank}"))
+            .name(name)
             .spawn(move || {
                 Worker {
                     transport,
                     seq: 0,
+                    lane,
                     scratch: Scratch::default(),
                     labels: None,
                 }
@@ -157,16 +186,32 @@ impl HostCommunicator {
             links,
             jobs: Some(jobs),
             worker: Some(worker),
+            issued: AtomicU64::new(0),
+            gathers,
         })
     }
 
     /// A group of `world` ranks in this process, linked by channels: one communicator per
     /// rank, to be moved to one thread each. For tests and single-process use.
     pub fn local_group(world: usize, config: &CommConfig) -> Vec<HostCommunicator> {
-        local_group(world, config.timeout)
+        local_group(world, config.lanes(), config.timeout)
             .into_iter()
-            .map(|t| HostCommunicator::new(Box::new(t)).expect("spawning a communicator thread"))
+            .map(|lanes| HostCommunicator::new(lanes).expect("spawning a communicator thread"))
             .collect()
+    }
+
+    /// The lane for parameter gathers: a communicator of the same group with its own links to
+    /// every peer and its own worker, so that a gather issued there never waits behind a large
+    /// reduction issued here. Its collectives are ordered among themselves only: every rank
+    /// must issue the same ones in the same order on it, as on this one. `self` when the group
+    /// has no gather lane ([`CommConfig::gather_lane`] off).
+    pub fn gather_lane(&self) -> &HostCommunicator {
+        self.gathers.as_deref().unwrap_or(self)
+    }
+
+    /// Collectives issued on this lane so far (its gather lane's are counted there).
+    pub fn issued(&self) -> u64 {
+        self.issued.load(Ordering::Relaxed)
     }
 
     /// How the data reaches each peer: `links()[peer]`, `None` for this rank.
@@ -174,7 +219,9 @@ impl HostCommunicator {
         &self.links
     }
 
+    /// Queues a collective.
     fn submit<T>(&self, make: impl FnOnce(Done<T>) -> Job) -> Pending<T> {
+        self.issued.fetch_add(1, Ordering::Relaxed);
         submit(self.rank, self.jobs.as_ref(), make)
     }
 
@@ -201,7 +248,12 @@ impl HostCommunicator {
     /// for this rank until the timeout. Runs after the collectives issued before it; the
     /// returned error is the group's first failure (this one unless another came first).
     pub fn abort(&self, reason: String) -> CommError {
-        match self.submit(|done| Job::Abort(reason, done)).wait() {
+        // Every lane of the rank shares the failure: the gather lane stops too.
+        match submit(self.rank, self.jobs.as_ref(), |done| {
+            Job::Abort(reason, done)
+        })
+        .wait()
+        {
             Err(cause) => cause,
             Ok(()) => unreachable!("an abort always fails the group"),
         }
@@ -210,6 +262,9 @@ impl HostCommunicator {
     /// Names the tags of later collectives in error messages: `labels[t - 1]` for tag `t`.
     /// Ordered with the collectives issued before and after it; it sends nothing.
     pub fn label_tags(&self, labels: Vec<String>) {
+        if let Some(gathers) = &self.gathers {
+            gathers.label_tags(labels.clone());
+        }
         if let Some(jobs) = &self.jobs {
             _ = jobs.send(Job::Labels(labels));
         }
@@ -275,6 +330,8 @@ impl Communicator for HostCommunicator {
 
 impl Drop for HostCommunicator {
     fn drop(&mut self) {
+        // The gather lane first: the main lane's goodbye closes the links the lanes share.
+        self.gathers.take();
         // Closing the queue lets the worker finish what was issued, say goodbye and exit.
         self.jobs.take();
         if let Some(worker) = self.worker.take() {
@@ -286,6 +343,7 @@ impl Drop for HostCommunicator {
 struct Worker {
     transport: Box<dyn Transport>,
     seq: u64,
+    lane: Lane,
     scratch: Scratch,
     /// What each tag stands for, for error messages ([`HostCommunicator::label_tags`]).
     labels: Option<Arc<[String]>>,
@@ -318,6 +376,7 @@ impl Worker {
         OpDesc {
             kind,
             seq: self.seq,
+            lane: self.lane,
             tag: 0,
             // An untagged collective can still meet a tagged one from a diverged peer.
             tag_labels: self.labels.clone(),

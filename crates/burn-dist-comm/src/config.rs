@@ -30,6 +30,13 @@ pub struct CommConfig {
     /// instead of loopback TCP. A pair uses it only if both ranks allow it; the environment
     /// variable `BURN_DIST_SHM=0` turns it off for [`init`](crate::init).
     pub shared_memory: bool,
+    /// Whether the group gets a second lane for parameter gathers
+    /// ([`HostCommunicator::gather_lane`](crate::HostCommunicator::gather_lane)): its own links
+    /// to every peer and its own worker thread, so that a gather never queues behind a large
+    /// reduction. It costs one more connection (or pair of rings) per peer and one thread. It
+    /// must be the same on every rank; the environment variable `BURN_DIST_GATHER_LANE=0`
+    /// turns it off for [`init`](crate::init).
+    pub gather_lane: bool,
 }
 
 impl Default for CommConfig {
@@ -40,6 +47,7 @@ impl Default for CommConfig {
             max_store_frame: 16 << 20,
             handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
             shared_memory: true,
+            gather_lane: true,
         }
     }
 }
@@ -56,6 +64,17 @@ impl CommConfig {
     pub fn with_shared_memory(mut self, allowed: bool) -> Self {
         self.shared_memory = allowed;
         self
+    }
+
+    /// The same settings with the gather lane on or off (see [`Self::gather_lane`]).
+    pub fn with_gather_lane(mut self, on: bool) -> Self {
+        self.gather_lane = on;
+        self
+    }
+
+    /// Data lanes of a group with these settings: the main one, and the gather lane if on.
+    pub(crate) fn lanes(&self) -> usize {
+        1 + usize::from(self.gather_lane)
     }
 
     /// The same settings with another bound on each connection's hello.

@@ -12,6 +12,9 @@ pub const TOKEN_VAR: &str = "BURN_DIST_TOKEN";
 pub const TIMEOUT_VAR: &str = "BURN_DIST_TIMEOUT_SECS";
 /// Optional variable: `0` keeps same-host ranks on loopback TCP instead of shared memory.
 pub const SHM_VAR: &str = "BURN_DIST_SHM";
+/// Optional variable: `0` gives the group no second lane for parameter gathers (see
+/// [`CommConfig::gather_lane`](crate::CommConfig::gather_lane)). Must be the same on every rank.
+pub const GATHER_LANE_VAR: &str = "BURN_DIST_GATHER_LANE";
 /// Port used under Slurm when MASTER_PORT is not set: this base plus the job id modulo 10000,
 /// so that two jobs sharing a node do not collide.
 pub const SLURM_PORT_BASE: u16 = 20000;
@@ -77,6 +80,8 @@ pub struct RankInfo {
     pub timeout: Option<Duration>,
     /// Shared-memory override from the environment ([`SHM_VAR`]), if any.
     pub shared_memory: Option<bool>,
+    /// Gather-lane override from the environment ([`GATHER_LANE_VAR`]), if any.
+    pub gather_lane: Option<bool>,
 }
 
 impl RankInfo {
@@ -99,6 +104,7 @@ impl RankInfo {
                 token: String::new(),
                 timeout: None,
                 shared_memory: None,
+                gather_lane: None,
             };
             (info, TORCHRUN_NAMES)
         } else if get("SLURM_PROCID").is_some() {
@@ -115,21 +121,13 @@ impl RankInfo {
         let timeout = optional_number(&get, TIMEOUT_VAR)?
             .map(timeout_of)
             .transpose()?;
-        let shared_memory = match get(SHM_VAR).as_deref().map(str::trim) {
-            None => None,
-            Some("1") => Some(true),
-            Some("0") => Some(false),
-            Some(other) => {
-                return Err(CommError::Env {
-                    var: SHM_VAR.into(),
-                    problem: format!("{other:?} is neither 0 (loopback TCP) nor 1 (shared memory)"),
-                });
-            }
-        };
+        let shared_memory = switch(&get, SHM_VAR, "loopback TCP", "shared memory")?;
+        let gather_lane = switch(&get, GATHER_LANE_VAR, "one lane", "a gather lane")?;
         RankInfo {
             token,
             timeout,
             shared_memory,
+            gather_lane,
             restart_count: restart_count_from(&get)?,
             ..info
         }
@@ -230,7 +228,26 @@ fn from_slurm(get: &impl Fn(&str) -> Option<String>) -> Result<RankInfo> {
         token: String::new(),
         timeout: None,
         shared_memory: None,
+        gather_lane: None,
     })
+}
+
+/// An optional on/off variable: `0` means `off`, `1` means `on`, anything else is refused.
+fn switch(
+    get: &impl Fn(&str) -> Option<String>,
+    var: &str,
+    off: &str,
+    on: &str,
+) -> Result<Option<bool>> {
+    match get(var).as_deref().map(str::trim) {
+        None => Ok(None),
+        Some("1") => Ok(Some(true)),
+        Some("0") => Ok(Some(false)),
+        Some(other) => Err(CommError::Env {
+            var: var.into(),
+            problem: format!("{other:?} is neither 0 ({off}) nor 1 ({on})"),
+        }),
+    }
 }
 
 /// The port of burn-dist's store, read from torchrun-style variables.
@@ -450,6 +467,19 @@ mod tests {
         assert_eq!(with("1").unwrap().shared_memory, Some(true));
         let err = with("yes").unwrap_err().to_string();
         assert!(err.contains(SHM_VAR) && err.contains("\"yes\""), "{err}");
+    }
+
+    #[test]
+    fn gather_lane_switch_is_read_and_checked() {
+        assert_eq!(read(&TORCHRUN).unwrap().gather_lane, None);
+        let with = |value| read(&[TORCHRUN.as_slice(), &[(GATHER_LANE_VAR, value)]].concat());
+        assert_eq!(with("0").unwrap().gather_lane, Some(false));
+        assert_eq!(with("1").unwrap().gather_lane, Some(true));
+        let err = with("2").unwrap_err().to_string();
+        assert!(
+            err.contains(GATHER_LANE_VAR) && err.contains("one lane"),
+            "{err}"
+        );
     }
 
     #[test]

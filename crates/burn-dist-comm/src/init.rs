@@ -29,6 +29,10 @@ pub fn init(config: CommConfig) -> Result<Group> {
         Some(allowed) => config.with_shared_memory(allowed),
         None => config,
     };
+    let config = match info.gather_lane {
+        Some(on) => config.with_gather_lane(on),
+        None => config,
+    };
     Group::join(info, &config)
 }
 
@@ -85,8 +89,8 @@ pub fn connect(
     config: &CommConfig,
 ) -> Result<HostCommunicator> {
     store.wait_for_every_rank()?;
-    let transport = mesh::connect(rank, world, store, token, config)?;
-    let comm = HostCommunicator::new(Box::new(transport))?;
+    let lanes = mesh::connect(rank, world, store, token, config)?;
+    let comm = HostCommunicator::new(lanes)?;
     // Rank 0 hosts the store, and a peer may still read its last set-up keys from it (a
     // shared-memory verdict) after rank 0 has read all of its own: a rank 0 that returned and
     // exited at once (a job that only joins, or a rank 0 that fails right after) would close
@@ -127,6 +131,7 @@ mod tests {
             token: token.into(),
             timeout: None,
             shared_memory: None,
+            gather_lane: None,
         }
     }
 

@@ -46,7 +46,7 @@ pub use error::{CommError, Result};
 pub use init::{Group, connect, init};
 #[cfg(feature = "cuda")]
 pub use nccl::{DeviceBuffer, InPlaceGroup, InPlaceOp, NcclCommunicator, RawSlice};
-pub use op::{OpDesc, OpKind, human_bytes};
+pub use op::{Lane, OpDesc, OpKind, human_bytes};
 pub use reduce::chunk_range;
 pub use threads::ThreadShare;
 pub use transport::Link;

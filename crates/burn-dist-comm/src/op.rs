@@ -50,13 +50,25 @@ impl fmt::Display for OpKind {
     }
 }
 
+/// Which of a communicator's lanes a collective runs on. Each lane has its own links, worker
+/// and sequence numbers; collectives are ordered within a lane, not across lanes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Lane {
+    /// Everything but parameter gathers.
+    #[default]
+    Main,
+    /// Stage-3 parameter gathers ([`HostCommunicator::gather_lane`](crate::HostCommunicator::gather_lane)).
+    Gather,
+}
+
 /// One collective as issued by this rank: what it is, its sequence number and its size.
 /// Displays as `all_reduce #17 (f32 sum, 12.5 MiB)`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct OpDesc {
     pub kind: OpKind,
-    /// Position of this collective in the communicator's issue order, from 0.
+    /// Position of this collective in its lane's issue order, from 0.
     pub seq: u64,
+    pub lane: Lane,
     /// What the caller says the payload is (burn-dist: which parameter a stage-3 gather
     /// carries), checked like the kind and the size; 0 for none. Displays by its label when the
     /// communicator has one ([`HostCommunicator::label_tags`](crate::HostCommunicator::label_tags)).
@@ -73,6 +85,9 @@ pub struct OpDesc {
 impl fmt::Display for OpDesc {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{} #{}", self.kind, self.seq)?;
+        if self.lane == Lane::Gather {
+            f.write_str(" on the gather lane")?;
+        }
         if self.tag != 0 {
             write!(f, " tag {}", self.tag)?;
         }

@@ -11,7 +11,7 @@ use support::{Launch, within};
 
 const CHECK: &str = env!("CARGO_BIN_EXE_burn-dist-check");
 /// Variables a rank reads; removed from the inherited environment so that tests are hermetic.
-const RANK_VARS: [&str; 10] = [
+const RANK_VARS: [&str; 11] = [
     "RANK",
     "WORLD_SIZE",
     "LOCAL_RANK",
@@ -21,6 +21,7 @@ const RANK_VARS: [&str; 10] = [
     "BURN_DIST_TOKEN",
     "BURN_DIST_TIMEOUT_SECS",
     "BURN_DIST_SHM",
+    "BURN_DIST_GATHER_LANE",
     "SLURM_PROCID",
 ];
 

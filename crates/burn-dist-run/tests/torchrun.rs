@@ -14,10 +14,11 @@ use support::{Launch, within};
 const CHECK: &str = env!("CARGO_BIN_EXE_burn-dist-check");
 
 /// Variables of the developer's shell that would change what a rank does; removed first.
-const INHERITED: [&str; 10] = [
+const INHERITED: [&str; 11] = [
     "BURN_DIST_TOKEN",
     "BURN_DIST_TIMEOUT_SECS",
     "BURN_DIST_SHM",
+    "BURN_DIST_GATHER_LANE",
     "BURN_DIST_STORE_PORT",
     "BURN_DIST_RESTART_COUNT",
     "TORCHELASTIC_USE_AGENT_STORE",

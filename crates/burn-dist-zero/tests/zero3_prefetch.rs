@@ -74,7 +74,24 @@ fn train<B: DistributedAutodiff<Device = FlexDevice>>(
     prefetch: PrefetchConfig,
     steps: usize,
 ) -> Vec<(Vec<Vec<f32>>, ShardStats)> {
-    let comms = HostCommunicator::local_group(world, &CommConfig::default());
+    let config = CommConfig::default();
+    train_counted::<B>(task, world, accumulation, prefetch, steps, &config)
+        .into_iter()
+        .map(|(params, stats, _)| (params, stats))
+        .collect()
+}
+
+/// [`train`] on communicators made with `comm_config`, with the collectives each rank issued
+/// on its main lane and on its gather lane.
+fn train_counted<B: DistributedAutodiff<Device = FlexDevice>>(
+    task: Synthetic,
+    world: usize,
+    accumulation: usize,
+    prefetch: PrefetchConfig,
+    steps: usize,
+    comm_config: &CommConfig,
+) -> Vec<(Vec<Vec<f32>>, ShardStats, [u64; 2])> {
+    let comms = HostCommunicator::local_group(world, comm_config);
     run_ranks(comms, |_, comm| {
         let mut ddp = Ddp::for_thread(comm, config(accumulation, prefetch));
         let optimizer = ZeroAdamConfig::new().with_stage(3);
@@ -89,7 +106,9 @@ fn train<B: DistributedAutodiff<Device = FlexDevice>>(
             |_, _| {},
         )
         .expect("training");
-        (params, ddp.shard_stats().expect("stage 3"))
+        let comm = ddp.comm();
+        let issued = [comm.issued(), comm.gather_lane().issued()];
+        (params, ddp.shard_stats().expect("stage 3"), issued)
     })
 }
 
@@ -135,6 +154,36 @@ fn gathering_ahead_changes_no_bit_of_stage_three() {
                     "{what}, rank {rank}: off means off"
                 );
             }
+        }
+    }
+}
+
+/// Parameter gathers, ahead or on demand, run on the communicator's gather lane and nothing else
+/// does: with the lane, the main lane carries exactly what one lane carries less the gathers,
+/// and no bit changes.
+#[test]
+fn gathers_run_on_their_own_lane_and_change_no_bit() {
+    let one_lane = CommConfig::default().with_gather_lane(false);
+    let two_lanes = CommConfig::default();
+    for prefetch in [PrefetchConfig::OFF, PrefetchConfig::new()] {
+        let run =
+            |config| train_counted::<Stage3>(Synthetic::Transformer, 2, 2, prefetch, 4, config);
+        let (one, two) = (run(&one_lane), run(&two_lanes));
+        for (rank, ((p1, _, [main1, gather1]), (p2, stats, [main2, gather2]))) in
+            one.iter().zip(&two).enumerate()
+        {
+            let what = format!("{prefetch:?}, rank {rank}");
+            assert!(p1 == p2, "{what}: the lane changed the parameters");
+            assert_eq!(main1, gather1, "{what}: one lane is its own gather lane");
+            assert!(
+                *gather2 >= stats.prefetched && *gather2 > 0,
+                "{what}: {gather2} gathers"
+            );
+            assert_eq!(
+                main2 + gather2,
+                *main1,
+                "{what}: only gathers moved to the lane"
+            );
         }
     }
 }

@@ -18,7 +18,7 @@ use super::in_place::{InPlaceGroup, InPlaceOp};
 use super::plan::{self, Call};
 use crate::algorithms::even_counts;
 use crate::communicator::{check_counts, check_reduce};
-use crate::{CommError, DType, OpDesc, OpKind, ReduceOp, Result, chunk_range};
+use crate::{CommError, DType, Lane, OpDesc, OpKind, ReduceOp, Result, chunk_range};
 
 /// The raw NCCL communicator, owned by the worker.
 pub(crate) struct RawComm(pub(crate) ncclComm_t);
@@ -184,6 +184,7 @@ impl Worker {
         OpDesc {
             kind,
             seq: self.seq,
+            lane: Lane::Main,
             tag: 0,
             tag_labels: None,
             dtype: buf.map(DeviceBuffer::dtype),
@@ -271,6 +272,7 @@ impl Worker {
         let op = OpDesc {
             kind: OpKind::AllReduce,
             seq: self.seq,
+            lane: Lane::Main,
             tag: 0,
             tag_labels: None,
             dtype: first.map(|(dtype, _)| dtype),

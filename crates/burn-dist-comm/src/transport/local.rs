@@ -1,13 +1,13 @@
 //! In-process transport: N ranks as threads of one process, linked by channels. The test twin
 //! of the TCP transport, with the same headers, checks and failure reporting.
 //!
-//! Each rank has one inbox for everything sent to it. Messages from a peer that is not being
-//! read yet wait in a per-peer queue; an abort from any rank is seen at once, whatever peer the
-//! receiver is waiting on.
+//! Each rank has one inbox per lane for everything sent to it there. Messages from a peer that
+//! is not being read yet wait in a per-peer queue; an abort from any rank reaches every inbox
+//! of every lane at once, whatever peer the receiver is waiting on.
 
 use std::collections::VecDeque;
-use std::sync::OnceLock;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use super::{Abort, Link, Rx, Transport, Tx, check_header};
@@ -32,7 +32,8 @@ enum Envelope {
 pub(crate) struct LocalTransport {
     tx: LocalTx,
     rx: LocalRx,
-    abort: LocalAbort,
+    /// Shared by the rank's lanes: a failure on one is a failure of all.
+    abort: Arc<LocalAbort>,
 }
 
 struct LocalTx {
@@ -49,32 +50,57 @@ struct LocalRx {
 
 struct LocalAbort {
     rank: usize,
+    /// Every inbox of every rank, all lanes.
     inboxes: Vec<Sender<Envelope>>,
     failure: OnceLock<CommError>,
 }
 
-/// The transports of a group of `world` ranks, index = rank.
-pub(crate) fn local_group(world: usize, timeout: Duration) -> Vec<LocalTransport> {
-    let (senders, receivers): (Vec<_>, Vec<_>) = (0..world).map(|_| channel()).unzip();
-    receivers
-        .into_iter()
-        .enumerate()
-        .map(|(rank, inbox)| LocalTransport {
-            tx: LocalTx {
+/// One lane's inbox of every rank: the senders, and the receivers (index = rank).
+type LaneChannels = (Vec<Sender<Envelope>>, Vec<Receiver<Envelope>>);
+
+/// The transports of a group of `world` ranks with `lanes` independent lanes each:
+/// `group[rank][lane]`.
+pub(crate) fn local_group(
+    world: usize,
+    lanes: usize,
+    timeout: Duration,
+) -> Vec<Vec<LocalTransport>> {
+    let mut lane_channels: Vec<LaneChannels> = (0..lanes)
+        .map(|_| (0..world).map(|_| channel()).unzip())
+        .collect();
+    let every_inbox: Vec<Sender<Envelope>> = lane_channels
+        .iter()
+        .flat_map(|(senders, _)| senders.iter().cloned())
+        .collect();
+    // Handed out rank by rank, in order.
+    let mut receivers: Vec<std::vec::IntoIter<Receiver<Envelope>>> = lane_channels
+        .iter_mut()
+        .map(|(_, receivers)| std::mem::take(receivers).into_iter())
+        .collect();
+    (0..world)
+        .map(|rank| {
+            let abort = Arc::new(LocalAbort {
                 rank,
-                inboxes: senders.clone(),
-            },
-            rx: LocalRx {
-                inbox,
-                pending: (0..world).map(|_| VecDeque::new()).collect(),
-                departed: vec![false; world],
-                timeout,
-            },
-            abort: LocalAbort {
-                rank,
-                inboxes: senders.clone(),
+                inboxes: every_inbox.clone(),
                 failure: OnceLock::new(),
-            },
+            });
+            lane_channels
+                .iter()
+                .zip(&mut receivers)
+                .map(|((senders, _), lane_receivers)| LocalTransport {
+                    tx: LocalTx {
+                        rank,
+                        inboxes: senders.clone(),
+                    },
+                    rx: LocalRx {
+                        inbox: lane_receivers.next().expect("one inbox per rank"),
+                        pending: (0..world).map(|_| VecDeque::new()).collect(),
+                        departed: vec![false; world],
+                        timeout,
+                    },
+                    abort: abort.clone(),
+                })
+                .collect()
         })
         .collect()
 }
@@ -184,7 +210,7 @@ impl Transport for LocalTransport {
     }
 
     fn parts(&mut self) -> (&dyn Tx, &mut dyn Rx, &dyn Abort) {
-        (&self.tx, &mut self.rx, &self.abort)
+        (&self.tx, &mut self.rx, &*self.abort)
     }
 
     fn close(&mut self) {

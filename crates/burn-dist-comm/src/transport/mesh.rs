@@ -1,6 +1,6 @@
 //! Builds the TCP mesh: every rank listens on the interface that reaches the store, publishes
-//! its address there, connects to every lower rank and accepts every higher one, two
-//! connections per pair (data and control). Each connection opens with a hello that carries the
+//! its address there, connects to every lower rank and accepts every higher one: per pair, one
+//! control connection and one data connection per lane (see [`CommConfig::gather_lane`]). Each connection opens with a hello that carries the
 //! job token; a connection with a wrong token or an impossible rank is refused and does not
 //! count, so a stray process cannot take a rank's place. Connections wait for their hello at a
 //! [`Gate`], each read on its own thread within one deadline, so silent or trickling intruders
@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use super::link::DataLink;
 use super::process::{PeerLink, ProcessTransport};
-use crate::env::MAX_TOKEN_BYTES;
+use crate::env::{GATHER_LANE_VAR, MAX_TOKEN_BYTES};
 use crate::gate::{AcceptBackoff, BeforeDeadline, Gate, SPARE_PENDING, Ticket};
 use crate::store::{StoreClient, tokens_match};
 use crate::{CommConfig, CommError, Result};
@@ -30,14 +30,28 @@ fn addr_key(rank: usize) -> String {
     format!("burn-dist/mesh/addr/{rank}")
 }
 
-/// Connects `rank` of `world` to every peer, using `store` to find them.
+/// The connection kind of data lane `lane`: lanes after the first follow `CONTROL`.
+fn data_kind(lane: usize) -> u8 {
+    match lane {
+        0 => DATA,
+        l => CONTROL + l as u8,
+    }
+}
+
+/// The connection kinds of a pair with `lanes` data lanes: control, then each lane's data.
+fn kinds(lanes: usize) -> impl Iterator<Item = u8> {
+    std::iter::once(CONTROL).chain((0..lanes).map(data_kind))
+}
+
+/// Connects `rank` of `world` to every peer, using `store` to find them: one transport per
+/// lane.
 pub(crate) fn connect(
     rank: usize,
     world: usize,
     store: &StoreClient,
     token: &str,
     config: &CommConfig,
-) -> Result<ProcessTransport> {
+) -> Result<Vec<ProcessTransport>> {
     let listener = listen(rank, store)?;
     link(&listener, rank, world, store, token, config)
 }
@@ -55,7 +69,7 @@ fn listen(rank: usize, store: &StoreClient) -> Result<TcpListener> {
 }
 
 /// Dials every lower rank, accepts every higher one on `listener`, and links same-host peers
-/// through shared memory where both sides can.
+/// through shared memory where both sides can (each lane its own rings).
 fn link(
     listener: &TcpListener,
     rank: usize,
@@ -63,28 +77,32 @@ fn link(
     store: &StoreClient,
     token: &str,
     config: &CommConfig,
-) -> Result<ProcessTransport> {
+) -> Result<Vec<ProcessTransport>> {
+    let lanes = config.lanes();
     let mut links: Vec<Option<PeerLink>> = (0..world).map(|_| None).collect();
     for (peer, link) in links.iter_mut().enumerate().take(rank) {
         let peer_addr = peer_address(store, peer)?;
-        let data = dial(peer_addr, peer, rank, world, token, DATA, config)?;
         let control = dial(peer_addr, peer, rank, world, token, CONTROL, config)?;
-        *link = Some(PeerLink {
-            data: DataLink::Tcp(data),
-            control,
-        });
+        let data = (0..lanes)
+            .map(|lane| dial(peer_addr, peer, rank, world, token, data_kind(lane), config))
+            .map(|stream| stream.map(DataLink::Tcp))
+            .collect::<Result<_>>()?;
+        *link = Some(PeerLink { data, control });
     }
     accept_higher(listener, rank, world, token, config, &mut links)?;
     #[cfg(target_os = "linux")]
-    for (peer, shm) in super::shm::link_same_host_peers(rank, world, store, config)?
-        .into_iter()
-        .enumerate()
-    {
-        if let (Some(shm), Some(link)) = (shm, &mut links[peer]) {
-            link.data = DataLink::SharedMemory(shm);
+    for lane in 0..lanes {
+        // Every rank sets up the same lanes in the same order, so each call meets its peers'.
+        for (peer, shm) in super::shm::link_same_host_peers(rank, world, store, config)?
+            .into_iter()
+            .enumerate()
+        {
+            if let (Some(shm), Some(link)) = (shm, &mut links[peer]) {
+                link.data[lane] = DataLink::SharedMemory(shm);
+            }
         }
     }
-    ProcessTransport::new(rank, links, config.timeout)
+    ProcessTransport::lanes(rank, links, lanes, config.timeout)
         .map_err(|e| CommError::io("setting up peer links", e))
 }
 
@@ -124,6 +142,7 @@ fn dial(
     hello.extend_from_slice(&(rank as u32).to_le_bytes());
     hello.extend_from_slice(&(world as u32).to_le_bytes());
     hello.push(kind);
+    hello.push(config.lanes() as u8);
     hello.extend_from_slice(&(token.len() as u16).to_le_bytes());
     hello.extend_from_slice(token.as_bytes());
     (&stream).write_all(&hello).map_err(fail)?;
@@ -171,8 +190,12 @@ fn accept_higher(
     config: &CommConfig,
     links: &mut [Option<PeerLink>],
 ) -> Result<()> {
-    let mut pending: Vec<[Option<TcpStream>; 2]> = (0..world).map(|_| [None, None]).collect();
-    let expected = 2 * (world - 1 - rank);
+    let lanes = config.lanes();
+    let per_peer = kinds(lanes).count();
+    let mut pending: Vec<Vec<Option<TcpStream>>> = (0..world)
+        .map(|_| (0..per_peer).map(|_| None).collect())
+        .collect();
+    let expected = per_peer * (world - 1 - rank);
     let mut missing = expected;
     let deadline = Instant::now() + config.join_timeout;
     listener
@@ -193,7 +216,7 @@ fn accept_higher(
                     if let Some(ticket) = gate.admit(&stream) {
                         let judged = judged.clone();
                         scope.spawn(move || {
-                            let verdict = read_hello(stream, &ticket, rank, world, token);
+                            let verdict = read_hello(stream, &ticket, rank, world, lanes, token);
                             // An evicted connection is already shut down: drop it unanswered.
                             if ticket.release() {
                                 _ = judged.send((from, verdict.and_then(welcome)));
@@ -233,12 +256,13 @@ fn accept_higher(
         }
         Ok(())
     })?;
-    for (peer, [data, control]) in pending.into_iter().enumerate().skip(rank + 1) {
-        let (data, control) = (data.expect("all data links in"), control.expect("all in"));
-        links[peer] = Some(PeerLink {
-            data: DataLink::Tcp(data),
-            control,
-        });
+    for (peer, mut streams) in pending.into_iter().enumerate().skip(rank + 1) {
+        let mut take = |kind: u8| streams[kind as usize].take().expect("all links in");
+        let control = take(CONTROL);
+        let data = (0..lanes)
+            .map(|lane| DataLink::Tcp(take(data_kind(lane))))
+            .collect();
+        links[peer] = Some(PeerLink { data, control });
     }
     Ok(())
 }
@@ -258,17 +282,18 @@ fn read_hello(
     ticket: &Ticket,
     rank: usize,
     world: usize,
+    lanes: usize,
     token: &str,
 ) -> std::result::Result<Hello, String> {
     let io = |e: io::Error| e.to_string();
     stream.set_nonblocking(false).map_err(io)?;
     let mut hello = ticket.reader(&stream);
-    let mut head = [0u8; 15];
+    let mut head = [0u8; 16];
     hello.read_exact(&mut head).map_err(io)?;
     let u32_at =
         |i: usize| u32::from_le_bytes(head[i..i + 4].try_into().expect("4 bytes")) as usize;
-    let (peer, peer_world, kind) = (u32_at(4), u32_at(8), head[12]);
-    let token_len = u16::from_le_bytes([head[13], head[14]]) as usize;
+    let (peer, peer_world, kind, peer_lanes) = (u32_at(4), u32_at(8), head[12], head[13]);
+    let token_len = u16::from_le_bytes([head[14], head[15]]) as usize;
     let verdict = if &head[..4] != MAGIC {
         Err("not a burn-dist peer".to_string())
     } else if token_len > MAX_TOKEN_BYTES {
@@ -282,7 +307,12 @@ fn read_hello(
             Err(format!(
                 "it says WORLD_SIZE={peer_world}, this rank has {world}"
             ))
-        } else if peer <= rank || peer >= world || kind > CONTROL {
+        } else if peer_lanes as usize != lanes {
+            Err(format!(
+                "it opens {peer_lanes} data lane(s), this rank {lanes}: {GATHER_LANE_VAR} must be \
+                 the same on every rank"
+            ))
+        } else if peer <= rank || peer >= world || !kinds(lanes).any(|k| k == kind) {
             Err(format!(
                 "rank {peer} (kind {kind}) should not connect to rank {rank}"
             ))

@@ -4,13 +4,13 @@ use std::io::{ErrorKind, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
-use super::{CONTROL, DATA, MAGIC, accept_higher, dial, link, listen};
+use super::{DATA, MAGIC, accept_higher, dial, kinds, link, listen};
 use crate::env::MAX_TOKEN_BYTES;
 use crate::store::StoreClient;
 use crate::testing::{TEST_TOKEN, assert_all_reduce_matches_reference, test_store};
 use crate::{CommConfig, HostCommunicator};
 
-/// Connections to each listener beyond what it lets wait (`2 (world − 1 − rank) + 32`).
+/// Connections to each listener beyond what it lets wait (`3 (world − 1 − rank) + 32`).
 const FLOOD: usize = 48;
 
 /// Opens `FLOOD` connections to `listener`: half silent, half with one byte of a hello sent.
@@ -59,7 +59,7 @@ fn flood_of_silent_and_trickling_connections_does_not_stop_the_mesh() {
         joins
             .into_iter()
             .map(|j| j.join().unwrap().unwrap())
-            .map(|transport| HostCommunicator::new(Box::new(transport)).unwrap())
+            .map(|lanes| HostCommunicator::new(lanes).unwrap())
             .collect()
     });
     assert_all_reduce_matches_reference(comms, 3);
@@ -86,11 +86,12 @@ fn trickled_mesh_hello_is_dropped_at_one_deadline() {
         trickler
             .set_read_timeout(Some(Duration::from_millis(50)))
             .unwrap();
-        // The head of a hello from rank 1 announcing the longest token: 1039 bytes in all.
+        // The head of a hello from rank 1 announcing the longest token: 1040 bytes in all.
         let mut hello = MAGIC.to_vec();
         hello.extend_from_slice(&1u32.to_le_bytes());
         hello.extend_from_slice(&2u32.to_le_bytes());
         hello.push(DATA);
+        hello.push(config.lanes() as u8);
         hello.extend_from_slice(&(MAX_TOKEN_BYTES as u16).to_le_bytes());
         hello.resize(hello.len() + MAX_TOKEN_BYTES, b't');
         let started = Instant::now();
@@ -116,8 +117,9 @@ fn trickled_mesh_hello_is_dropped_at_one_deadline() {
         assert!(started.elapsed() >= Duration::from_millis(300));
 
         // The real rank 1 still gets in.
-        dial(addr, 0, 1, 2, TEST_TOKEN, DATA, config).unwrap();
-        dial(addr, 0, 1, 2, TEST_TOKEN, CONTROL, config).unwrap();
+        for kind in kinds(config.lanes()) {
+            dial(addr, 0, 1, 2, TEST_TOKEN, kind, config).unwrap();
+        }
         accepting.join().unwrap().unwrap();
     });
 }

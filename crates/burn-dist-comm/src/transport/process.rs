@@ -1,7 +1,9 @@
-//! The transport between processes. Each pair of ranks shares two links:
-//! - a data link, read and written directly from and into the collective's buffers: a TCP
-//!   connection, or for two ranks on one host a pair of shared-memory rings (`shm`);
-//! - a TCP control connection, watched by one thread per peer, that carries aborts and goodbyes.
+//! The transport between processes. Each pair of ranks shares these links:
+//! - a data link per lane, read and written directly from and into the collective's buffers: a
+//!   TCP connection, or for two ranks on one host a pair of shared-memory rings (`shm`). Each
+//!   lane is a transport of its own, run by its own communicator worker;
+//! - one TCP control connection for all lanes, watched by one thread per peer, that carries
+//!   aborts and goodbyes.
 //!
 //! The control connection is what makes failures loud and fast: when a peer dies, the kernel
 //! closes its sockets, every rank's watchdog sees it at once (not only the ranks that happen
@@ -25,19 +27,23 @@ const CONTROL_GOODBYE: u8 = 2;
 /// Abort reasons longer than this are cut; they are one-line messages.
 const MAX_REASON: usize = 4096;
 
-/// The two links to one peer.
+/// The links to one peer: one data link per lane, and the control connection.
 pub(crate) struct PeerLink {
-    pub data: DataLink,
+    pub data: Vec<DataLink>,
     pub control: TcpStream,
 }
 
+/// One lane of a rank's links to its peers. The lanes of a rank share the control connections
+/// and the failure: an abort on one shuts every lane's data links.
 pub(crate) struct ProcessTransport {
     rank: usize,
     world: usize,
     tx: ProcessTx,
     rx: ProcessRx,
     shared: Arc<Shared>,
+    /// The control watchers, held by lane 0, which closes last and says goodbye for all.
     watchdogs: Vec<JoinHandle<()>>,
+    lane: usize,
 }
 
 struct ProcessTx {
@@ -55,7 +61,8 @@ struct Shared {
     rank: usize,
     timeout: Duration,
     failure: OnceLock<CommError>,
-    data: Vec<Option<DataLink>>,
+    /// Every lane's data links, to wake them all on a failure.
+    data: Vec<DataLink>,
     control: Vec<Option<Mutex<TcpStream>>>,
     departed: Vec<AtomicBool>,
     closing: AtomicBool,
@@ -70,25 +77,35 @@ struct Shared {
 const ABORT_GRACE: Duration = Duration::from_millis(500);
 
 impl ProcessTransport {
-    /// Wraps established links; `links[rank]` must be `None`.
-    pub(crate) fn new(
+    /// Wraps established links, one transport per lane; `links[rank]` must be `None` and every
+    /// other entry must have `lanes` data links.
+    pub(crate) fn lanes(
         rank: usize,
         links: Vec<Option<PeerLink>>,
+        lanes: usize,
         timeout: Duration,
-    ) -> io::Result<Self> {
+    ) -> io::Result<Vec<Self>> {
         let world = links.len();
         for link in links.iter().flatten() {
-            link.data.configure(timeout)?;
+            for data in &link.data {
+                data.configure(timeout)?;
+            }
             link.control.set_nodelay(true)?;
             link.control.set_read_timeout(None)?;
             link.control
                 .set_write_timeout(Some(Duration::from_secs(5)))?;
         }
+        let mut every_data = Vec::new();
+        for link in links.iter().flatten() {
+            for data in &link.data {
+                every_data.push(data.try_clone()?);
+            }
+        }
         let shared = Arc::new(Shared {
             rank,
             timeout,
             failure: OnceLock::new(),
-            data: clone_each(&links, |l| l.data.try_clone())?,
+            data: every_data,
             control: clone_each(&links, |l| l.control.try_clone())?
                 .into_iter()
                 .map(|c| c.map(Mutex::new))
@@ -97,32 +114,35 @@ impl ProcessTransport {
             closing: AtomicBool::new(false),
             failed: (Mutex::new(()), Condvar::new()),
         });
-        let tx = ProcessTx {
-            data: clone_each(&links, |l| l.data.try_clone())?,
-            shared: shared.clone(),
-        };
-        let rx = ProcessRx {
-            data: clone_each(&links, |l| l.data.try_clone())?,
-            shared: shared.clone(),
-        };
-        let mut watchdogs = Vec::new();
+        let mut transports = Vec::with_capacity(lanes);
+        for lane in 0..lanes {
+            let data = || clone_each(&links, |l| l.data[lane].try_clone());
+            transports.push(ProcessTransport {
+                rank,
+                world,
+                tx: ProcessTx {
+                    data: data()?,
+                    shared: shared.clone(),
+                },
+                rx: ProcessRx {
+                    data: data()?,
+                    shared: shared.clone(),
+                },
+                shared: shared.clone(),
+                watchdogs: Vec::new(),
+                lane,
+            });
+        }
         for (peer, link) in links.into_iter().enumerate() {
             if let Some(link) = link {
                 let shared = shared.clone();
                 let watchdog = std::thread::Builder::new()
                     .name(format!("burn-dist-watch-{rank}-{peer}"))
                     .spawn(move || watch(peer, link.control, &shared))?;
-                watchdogs.push(watchdog);
+                transports[0].watchdogs.push(watchdog);
             }
         }
-        Ok(ProcessTransport {
-            rank,
-            world,
-            tx,
-            rx,
-            shared,
-            watchdogs,
-        })
+        Ok(transports)
     }
 }
 
@@ -246,7 +266,7 @@ impl Abort for Shared {
             if !matches!(cause, CommError::Aborted { .. }) {
                 self.send_control(CONTROL_ABORT, &cause.to_string());
             }
-            for link in self.data.iter().flatten() {
+            for link in &self.data {
                 link.shutdown();
             }
         }
@@ -308,7 +328,11 @@ impl Transport for ProcessTransport {
             .collect()
     }
 
+    /// Lane 0 says goodbye for the rank; the other lanes, closed before it, leave the links to it.
     fn close(&mut self) {
+        if self.lane != 0 {
+            return;
+        }
         self.shared.closing.store(true, Ordering::SeqCst);
         self.shared.send_control(CONTROL_GOODBYE, "");
         for control in self.shared.control.iter().flatten() {

@@ -135,7 +135,7 @@ fn ranks_without_a_shared_directory_fail_at_the_first_save() {
 
 #[test]
 fn a_timeout_during_a_save_says_how_to_raise_it() {
-    use burn_dist_comm::{CommError, OpDesc, OpKind};
+    use burn_dist_comm::{CommError, Lane, OpDesc, OpKind};
     let error = checkpoint::CheckpointError::Save {
         step: 4,
         stage: SaveStage::Write,
@@ -146,6 +146,7 @@ fn a_timeout_during_a_save_says_how_to_raise_it() {
                 op: OpDesc {
                     kind: OpKind::AllGather,
                     seq: 12,
+                    lane: Lane::Main,
                     tag: 0,
                     tag_labels: None,
                     dtype: None,

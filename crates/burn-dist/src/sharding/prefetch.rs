@@ -112,7 +112,8 @@ impl ParamShards {
 
     /// Issues the all-gather of `unit`'s parameters: this rank's pieces of them, which are
     /// next to each other in its shard, so the result is the parameters' values one after
-    /// the other. Tagged with the first parameter.
+    /// the other. Tagged with the first parameter. On the communicator's gather lane, so that
+    /// it never waits behind a gradient reduction issued before it.
     fn issue(&self, unit: &Unit) -> UnitGather {
         let params = unit.params.clone();
         let world = self.layout().world;
@@ -131,6 +132,7 @@ impl ParamShards {
         let tag = u32::try_from(params.start + 1).expect("fewer than 2^32 parameters");
         let pending = self
             .comm
+            .gather_lane()
             .all_gather_counts(HostBuffer::U8(piece), counts, tag);
         let remaining = self.unit_bytes(unit);
         self.state().stats.hold(remaining);
