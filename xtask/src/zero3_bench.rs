@@ -1,7 +1,8 @@
 //! `cargo xtask bench-zero3`: the GPT-2 124M shape on 4 ranks of this machine, one after the
 //! other in one run, each rank's peak resident memory and the step time, for Burn's AdamW
-//! (replicated), ZeroAdam at stages 1, 2 and 3, stage 3 with its gathers on demand too, and
-//! the time stage 3's steps wait for their gathers (gpt-pretrain through burn-dist-run), and
+//! (replicated), ZeroAdam at stages 1, 2 and 3, stage 3 with its gathers on demand and with
+//! its gathers on the main lane (`BURN_DIST_GATHER_LANE=0`) too, and the time stage 3's steps
+//! wait for their gathers (gpt-pretrain through burn-dist-run), and
 //! PyTorch FSDP2 (`benches/torch/fsdp2_gpt.py` under torchrun, gloo, torch from PyPI in a venv:
 //! see `host_step::torch_python`). Never part of CI. The figures go to docs/perf/zero3.md.
 
@@ -49,21 +50,33 @@ pub fn bench_zero3(args: &[String]) -> Result<(), String> {
     let bin = build_release()?;
     let python = torch_python()?;
     let mut all = Vec::new();
-    for (name, flags) in [
-        ("Burn AdamW, replicated", &["--optimizer", "adamw"][..]),
-        ("ZeroAdam stage 1", &["--zero-stage", "1"][..]),
-        ("ZeroAdam stage 2", &["--zero-stage", "2"][..]),
+    let one_lane: &[(&str, &str)] = &[("BURN_DIST_GATHER_LANE", "0")];
+    for (name, flags, env) in [
+        (
+            "Burn AdamW, replicated",
+            &["--optimizer", "adamw"][..],
+            &[][..],
+        ),
+        ("ZeroAdam stage 1", &["--zero-stage", "1"][..], &[]),
+        ("ZeroAdam stage 2", &["--zero-stage", "2"][..], &[]),
         (
             "ZeroAdam stage 3, gathers on demand",
             &["--zero-stage", "3", "--prefetch-gathers", "0"][..],
+            &[],
         ),
-        ("ZeroAdam stage 3", &["--zero-stage", "3"][..]),
+        (
+            "ZeroAdam stage 3, gathers behind reductions",
+            &["--zero-stage", "3"][..],
+            one_lane,
+        ),
+        ("ZeroAdam stage 3", &["--zero-stage", "3"][..], &[]),
     ] {
         let dir = target_dir()
             .join("bench-zero3")
             .join(name.replace([' ', ','], "-"));
         let _ = std::fs::remove_dir_all(&dir);
         run(Command::new(bin.join("burn-dist-run"))
+            .envs(env.iter().copied())
             .args([
                 "--nproc-per-node",
                 &WORLD.to_string(),

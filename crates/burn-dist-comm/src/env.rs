@@ -21,7 +21,7 @@ pub const SLURM_PORT_BASE: u16 = 20000;
 /// The longest job token accepted: hellos stay small, so that the store and the mesh can read
 /// them whole before they know who is talking.
 pub const MAX_TOKEN_BYTES: usize = 1024;
-/// The most ranks a job may have. Every rank keeps two TCP connections to every other, so far
+/// The most ranks a job may have. Every rank keeps three TCP connections to every other, so far
 /// below this the file-descriptor limit of a real machine is reached; above it, a mistyped
 /// WORLD_SIZE would only allocate per-rank tables before failing.
 pub const MAX_WORLD_SIZE: usize = 1 << 16;
