@@ -27,6 +27,13 @@ pub enum ZeroError {
         got: usize,
         got_elements: usize,
     },
+    /// A `ZeroAdamRecord` taken on a rank other than 0, which holds none of the state.
+    #[error(
+        "the ZeroAdam record is empty: `to_record` gathers the state to rank 0 only, so a \
+         record taken on another rank holds none of it; load the record rank 0 saved (burn-train's \
+         checkpointer with burn_dist::train::RankZeroRecorder saves it there)"
+    )]
+    RecordNotOnRankZero,
     /// A `DecayRule::Mask` whose length is not the model's number of trainable parameters.
     #[error(
         "ZeroAdamConfig::decay: the mask has {got} flags, but the model has {expected} trainable \

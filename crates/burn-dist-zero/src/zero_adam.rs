@@ -4,7 +4,8 @@
 //! Two ways to drive it, one step underneath (`crate::shard`):
 //! - Burn's [`Optimizer`] trait, like `AdamConfig::new().init()`: burn-train's `Learner` and any
 //!   loop written against the trait. Its record is the whole state, gathered from every rank
-//!   ([`ZeroAdamRecord`]), so Burn's recorders save it and it loads at any world size.
+//!   to rank 0 ([`ZeroAdamRecord`]), so Burn's recorders save it on rank 0 and it loads at any
+//!   world size.
 //! - [`ZeroAdam::step`] and [`ZeroAdam::step_scaled`], which return errors as values and a
 //!   [`StepReport`], and burn-dist-zero's sharded checkpoints ([`crate::checkpoint`]), where
 //!   each rank writes only its shard.
@@ -38,8 +39,9 @@ pub struct ZeroAdam {
 
 /// ZeroAdam's whole state as a Burn record: every parameter's fp32 master weights and moments,
 /// concatenated in the reducer's parameter order (module visit order), gathered from every
-/// rank. The shard layout is not in it, so it loads at any world size. Its floats are stored
-/// as they are, f32, whatever the recorder's precision settings.
+/// rank to rank 0 (the other ranks' records are empty: `numels` is). The shard layout is not
+/// in it, so it loads at any world size. Its floats are stored as they are, f32, whatever the
+/// recorder's precision settings.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ZeroAdamRecord {
     pub master: Vec<f32>,
@@ -172,31 +174,54 @@ impl ZeroAdam {
         Ok(stepped)
     }
 
-    /// Every parameter's state, gathered from every rank: master weights, moments (each
-    /// `layout.total` floats, in flat order), step counts and skips.
-    fn gather(&self) -> Result<([Vec<f32>; 3], OptimizerShard)> {
+    /// Every parameter's state (master weights, moments: each `layout.total` floats, in flat
+    /// order), gathered to rank 0 only, and this rank's shard (step counts and skips). The
+    /// other ranks get empty vectors: they never hold more than a few chunks of the state.
+    fn gather_to_rank_0(&self) -> Result<([Vec<f32>; 3], OptimizerShard)> {
         let shard = self.export();
         let comm = self.check.handle().comm();
-        let pending: Vec<_> = [&shard.master, &shard.m, &shard.v]
-            .into_iter()
-            .map(|part| comm.all_gather(HostBuffer::F32(part.clone()), self.layout.padded_len()))
-            .collect();
-        let mut gathered = Vec::with_capacity(3);
-        for pending in pending {
-            let HostBuffer::F32(mut values) = pending.wait()? else {
-                unreachable!("f32 all-gather")
-            };
-            values.truncate(self.layout.total);
-            gathered.push(values);
+        let (world, shard_len) = (self.layout.world, self.layout.shard_len);
+        let on_rank_0 = comm.rank() == 0;
+        let mut full: [Vec<f32>; 3] = Default::default();
+        if on_rank_0 {
+            full.iter_mut()
+                .for_each(|part| *part = vec![0.0; self.layout.padded_len()]);
         }
-        let [master, m, v]: [Vec<f32>; 3] = gathered.try_into().expect("three parts");
-        Ok(([master, m, v], shard))
+        // Chunk c of every rank's shard in one all-gather: rank 0 places each rank's chunk,
+        // the others drop theirs at once.
+        for start in (0..shard_len).step_by(RECORD_CHUNK) {
+            let end = (start + RECORD_CHUNK).min(shard_len);
+            let pending: Vec<_> = [&shard.master, &shard.m, &shard.v]
+                .into_iter()
+                .map(|part| {
+                    let chunk = HostBuffer::F32(part[start..end].to_vec());
+                    comm.all_gather(chunk, world * (end - start))
+                })
+                .collect();
+            for (part, pending) in full.iter_mut().zip(pending) {
+                let HostBuffer::F32(chunks) = pending.wait()? else {
+                    unreachable!("f32 all-gather")
+                };
+                if on_rank_0 {
+                    for (rank, chunk) in chunks.chunks_exact(end - start).enumerate() {
+                        let at = rank * shard_len + start;
+                        part[at..at + chunk.len()].copy_from_slice(chunk);
+                    }
+                }
+            }
+        }
+        full.iter_mut()
+            .for_each(|part| part.truncate(self.layout.total));
+        Ok((full, shard))
     }
 
     /// Loads the whole state of a record: this rank's shard of it.
     fn load(&mut self, record: ZeroAdamRecord) -> Result<()> {
         let layout = &self.layout;
         let numels: Vec<usize> = record.numels.iter().map(|&n| n as usize).collect();
+        if numels.is_empty() && !layout.numels.is_empty() {
+            return Err(ZeroError::RecordNotOnRankZero);
+        }
         if numels != layout.numels {
             return Err(ZeroError::RecordMismatch {
                 expected: layout.numels.len(),
@@ -228,6 +253,10 @@ impl ZeroAdam {
     }
 }
 
+/// Floats of each rank's shard that one all-gather of [`ZeroAdam`]'s record carries (4 MiB),
+/// so that the ranks other than 0 hold a few chunks of the state at a time, not all of it.
+const RECORD_CHUNK: usize = 1 << 20;
+
 /// Burn's trait cannot return an error: fail with the whole message.
 fn or_panic<T>(result: Result<T>) -> T {
     result.unwrap_or_else(|error| panic!("ZeroAdam: {error}"))
@@ -252,15 +281,22 @@ where
         panic!("{}", DistError::MultiDevice)
     }
 
-    /// Gathers every rank's shard: a collective, so every rank must call it at the same point
-    /// (burn-train's checkpointers do, with their default strategy, which saves every epoch).
+    /// Gathers every rank's shard to rank 0: a collective, so every rank must call it at the
+    /// same point (burn-train's checkpointers do, with their default strategy, which saves
+    /// every epoch). Only rank 0's record holds the state: save it on rank 0
+    /// (`burn_dist::train::RankZeroRecorder`); the other ranks' record is empty and refuses to
+    /// load.
     fn to_record(&self) -> ZeroAdamRecord {
-        let ([master, m, v], shard) = or_panic(self.gather());
+        let ([master, m, v], shard) = or_panic(self.gather_to_rank_0());
+        let numels = match self.check.handle().rank() {
+            0 => self.layout.numels.iter().map(|&n| n as u64).collect(),
+            _ => Vec::new(),
+        };
         ZeroAdamRecord {
             master,
             m,
             v,
-            numels: self.layout.numels.iter().map(|&n| n as u64).collect(),
+            numels,
             time: shard.time,
             skipped: shard.skipped,
         }

@@ -172,15 +172,26 @@ pub enum DistError {
         "rank {rank}: sharded parameter #{param} `{name}` was replaced by a full local tensor \
          (a write into a sharded parameter: slice_assign, a ModuleMapper storing a new tensor, \
          or a stock Burn optimizer's step). Under ZeRO stage 3 only ZeroAdam (stage 3) updates \
-         the parameters; to load new values into a sharded model, call `Ddp::prepare_sharded` \
-         on it again, and build its optimizer again (the handles of an earlier preparation \
-         count as replaced)"
+         the parameters; to load new values into a sharded model, `load_record` a record into \
+         it (each rank keeps its piece), or call `Ddp::prepare_sharded` on it again and build \
+         its optimizer again (the handles of an earlier preparation count as replaced)"
     )]
     ShardReplaced {
         rank: usize,
         param: usize,
         name: String,
     },
+
+    /// ZeRO stage 3: a record taken with `into_record` holds the parameters' values on rank 0
+    /// only (each was gathered to rank 0, the other ranks keep no copy), and a rank other than
+    /// 0 tried to read one out of its record.
+    #[error(
+        "rank {rank}: parameter `{name}` of this model record has its values on rank 0 only: \
+         at ZeRO stage 3 `into_record` gathers each parameter to rank 0, so save records on \
+         rank 0 (burn_dist::train::RankZeroRecorder does it for burn-train), or read weights \
+         from the model itself on every rank"
+    )]
+    RecordOnRankZero { rank: usize, name: String },
 
     /// ZeRO stage 3: the ranks used the sharded parameters in different sequences during one
     /// optimizer step (each use is hashed; the hashes are compared with the step's agreement).

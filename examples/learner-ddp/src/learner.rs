@@ -44,8 +44,15 @@ where
     }
     // Validation only feeds metrics and the checkpoint choice, which live on rank 0; the
     // other ranks get an empty slice of the set rather than spend time on results nobody reads.
+    // At ZeRO stage 3 every forward gathers the weights from every rank, so every rank
+    // validates on the whole set alongside rank 0.
     let valid = synthetic_dataset(run.valid_samples, VALID_SEED);
-    let end = if ddp.rank() == 0 { valid.len() } else { 0 };
+    let everywhere = ddp.param_shards().is_some();
+    let end = if ddp.rank() == 0 || everywhere {
+        valid.len()
+    } else {
+        0
+    };
     let valid = DataLoaderBuilder::new(RegressionBatcher)
         .batch_size(run.batch)
         .build(PartialDataset::new(valid, 0, end));

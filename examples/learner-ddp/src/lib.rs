@@ -1,8 +1,9 @@
 //! burn-train's single-device `Learner` trained data-parallel with burn-dist: one process per
 //! rank, `Autodiff<DistributedBackend<Flex>>`, each rank on its shard of the data (a new order
 //! every epoch), gradients averaged during `backward()`, Burn's Adam or burn-dist-zero's
-//! `ZeroAdam` through Burn's `Optimizer` trait; metrics, logs and checkpoints on rank 0 only,
-//! and a resume from any epoch's checkpoint at any world size.
+//! `ZeroAdam` (stages 1 to 3; at stage 3 on `DistributedBackend<Flex, Sharded>`) through Burn's
+//! `Optimizer` trait; metrics, logs and checkpoints on rank 0 only, and a resume from any
+//! epoch's checkpoint at any world size.
 //!
 //! The binary (`src/main.rs`) runs [`learner::fit`]; [`reference::custom_loop`] trains the same
 //! model on the same data with a plain loop in one process, which the launched test compares
@@ -33,6 +34,21 @@ pub enum OptimizerChoice {
     Zero1,
     /// ZeroAdam stage 2 (sharded state and gradients).
     Zero2,
+    /// ZeroAdam stage 3: the parameters sharded too (`DistributedBackend<Flex, Sharded>`,
+    /// `Ddp::prepare_sharded`).
+    Zero3,
+}
+
+impl OptimizerChoice {
+    /// ZeroAdam's stage, `None` for Burn's Adam.
+    pub fn zero_stage(self) -> Option<u8> {
+        match self {
+            OptimizerChoice::Adam => None,
+            OptimizerChoice::Zero1 => Some(1),
+            OptimizerChoice::Zero2 => Some(2),
+            OptimizerChoice::Zero3 => Some(3),
+        }
+    }
 }
 
 /// What one training run does; the Learner run and the reference loop take the same values.

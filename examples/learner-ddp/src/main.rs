@@ -15,7 +15,7 @@ use std::process::ExitCode;
 
 use burn::backend::Autodiff;
 use burn::optim::AdamConfig;
-use burn_dist::{Ddp, DdpConfig, DistributedBackend};
+use burn_dist::{Ddp, DdpConfig, DistributedAutodiff, DistributedBackend, Sharded};
 use burn_dist_models::step::{float_params, write_params};
 use burn_dist_zero::ZeroAdamConfig;
 use burn_flex::{Flex, FlexDevice};
@@ -24,6 +24,8 @@ use learner_ddp::model::Regressor;
 use learner_ddp::{MODEL_SEED, OptimizerChoice, Run, learner};
 
 type B = Autodiff<DistributedBackend<Flex>>;
+/// The backend at ZeRO stage 3 (`--optimizer zero3`).
+type Sharded3 = Autodiff<DistributedBackend<Flex, Sharded>>;
 
 #[derive(Parser)]
 #[command(about = "Train an MLP with burn-train's Learner, data-parallel across processes")]
@@ -98,33 +100,43 @@ fn train(args: Args) -> Result<(), String> {
     println!("learner directory: {}", own.display());
 
     learner_ddp::model::MARK_FOR_SYNC.store(!args.skip_mark, std::sync::atomic::Ordering::Relaxed);
-    let model = ddp
-        .prepare(Regressor::<B>::new(MODEL_SEED, &FlexDevice))
+    // ZeRO stage 3 shards the parameters too, which takes the backend's `Sharded` mode; the
+    // program is otherwise the same.
+    let trained = match args.optimizer {
+        OptimizerChoice::Zero3 => fit::<Sharded3>(&mut ddp, &args, &run)?,
+        _ => fit::<B>(&mut ddp, &args, &run)?,
+    };
+    if let (0, Some(path)) = (rank, &args.out) {
+        write_params(path, &trained).map_err(|e| format!("writing {}: {e}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// Prepares the model in `D`'s mode, trains it with the chosen optimizer, and returns the
+/// trained parameters (read on every rank: at stage 3 a read is a collective).
+fn fit<D: DistributedAutodiff<Device = FlexDevice>>(
+    ddp: &mut Ddp,
+    args: &Args,
+    run: &Run,
+) -> Result<Vec<Vec<f32>>, String> {
+    let rank = ddp.rank();
+    let model = D::prepare_model(ddp, Regressor::<D>::new(MODEL_SEED, &FlexDevice))
         .map_err(|e| format!("rank {rank}: preparing the model: {e}"))?;
     // The one line that differs between Burn's Adam and ZeroAdam.
-    let trained = match args.optimizer {
-        OptimizerChoice::Adam => {
+    let trained = match args.optimizer.zero_stage() {
+        None => {
             let adam = ddp.optimizer(AdamConfig::new().init());
-            learner::fit(&ddp, model, adam, &run, &args.artifact_dir, args.resume)
+            learner::fit(ddp, model, adam, run, &args.artifact_dir, args.resume)
         }
-        OptimizerChoice::Zero1 | OptimizerChoice::Zero2 => {
-            let stage = if args.optimizer == OptimizerChoice::Zero1 {
-                1
-            } else {
-                2
-            };
+        Some(stage) => {
             // Burn's Adam: no weight decay.
             let zero = ZeroAdamConfig::new()
                 .with_weight_decay(0.0)
                 .with_stage(stage)
-                .init::<B, _>(&ddp, &model)
+                .init::<D, _>(ddp, &model)
                 .map_err(|e| format!("rank {rank}: building ZeroAdam: {e}"))?;
-            learner::fit(&ddp, model, zero, &run, &args.artifact_dir, args.resume)
+            learner::fit(ddp, model, zero, run, &args.artifact_dir, args.resume)
         }
     };
-    if let (0, Some(path)) = (rank, &args.out) {
-        write_params(path, &float_params(&trained))
-            .map_err(|e| format!("writing {}: {e}", path.display()))?;
-    }
-    Ok(())
+    Ok(float_params(&trained))
 }

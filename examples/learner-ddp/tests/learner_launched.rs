@@ -2,8 +2,9 @@
 //! `Learner` on its shard of the data:
 //! - 2 ranks with Burn's Adam end with the parameters of the one-process custom loop on the
 //!   concatenated batch, and only rank 0 writes metrics, logs and checkpoints;
-//! - with ZeroAdam (stages 1 and 2) 2 ranks equal 1 rank, and a run resumed from the Learner's
-//!   checkpoint, at the same and at another world size, equals the uninterrupted run;
+//! - with ZeroAdam (stages 1, 2 and 3) 2 ranks equal 1 rank, and a run resumed from the
+//!   Learner's checkpoint, at the same and at another world size, equals the uninterrupted run
+//!   (at stage 3 the checkpoints are taken without any rank but 0 holding the model);
 //! - a `TrainStep` that forgets to mark the model fails at the first step, naming the fix.
 
 use std::path::{Path, PathBuf};
@@ -173,7 +174,7 @@ fn trained(world: usize, run: Run, artifacts: &Path, extra: &[&str]) -> Vec<Vec<
 #[test]
 fn zero_adam_under_the_learner_on_2_ranks_equals_1_rank_and_resumes_at_any_world_size() {
     let root = scratch_dir("zero");
-    for stage in ["zero1", "zero2"] {
+    for stage in ["zero1", "zero2", "zero3"] {
         let optimizer = ["--optimizer", stage];
         // The same global batch of 8 samples per step on 2 and on 1 rank.
         let two = Run { batch: 4, ..run() };

@@ -9,6 +9,7 @@ use super::ParamShards;
 use super::frame::Use;
 use super::schedule::Phase;
 use crate::backend::View;
+use crate::error::DistError;
 
 /// Parameter `index` of a rank's [`ParamShards`], seen through `views`, on `device`.
 ///
@@ -26,6 +27,9 @@ pub struct ParamHandle<B: Backend> {
     dtype: DType,
     /// Which gather schedule its uses follow.
     phase: Phase,
+    /// It stands in a record, on a rank other than 0, for a parameter that `into_record`
+    /// gathered to rank 0 only (`super::record`): it refuses to gather.
+    in_rank_0_record: bool,
 }
 
 impl<B: Backend> Clone for ParamHandle<B> {
@@ -38,6 +42,7 @@ impl<B: Backend> Clone for ParamHandle<B> {
             shape: self.shape.clone(),
             dtype: self.dtype,
             phase: self.phase,
+            in_rank_0_record: self.in_rank_0_record,
         }
     }
 }
@@ -51,6 +56,7 @@ impl<B: Backend> fmt::Debug for ParamHandle<B> {
             .field("dtype", &self.dtype)
             .field("views", &self.views)
             .field("phase", &self.phase)
+            .field("in_rank_0_record", &self.in_rank_0_record)
             .finish()
     }
 }
@@ -68,7 +74,19 @@ impl<B: Backend> ParamHandle<B> {
             shape,
             dtype,
             phase: Phase::Train,
+            in_rank_0_record: false,
         }
+    }
+
+    /// This handle as it stands in a record whose values only rank 0 holds.
+    pub(crate) fn in_rank_0_record(mut self) -> Self {
+        self.in_rank_0_record = true;
+        self
+    }
+
+    /// Whether it is parameter `index` of `shards`, whole (in a record or in the model).
+    pub(crate) fn is_param_of(&self, shards: &ParamShards, index: usize) -> bool {
+        std::ptr::eq(Arc::as_ptr(&self.shards), shards) && self.index == index && self.is_whole()
     }
 
     /// Which parameter (visit order among the trainable ones).
@@ -79,6 +97,10 @@ impl<B: Backend> ParamHandle<B> {
     /// Which rank's [`ParamShards`] it refers to, as an address (to tell preparations apart).
     pub fn shards_address(&self) -> usize {
         Arc::as_ptr(&self.shards) as usize
+    }
+
+    pub(crate) fn shards(&self) -> &Arc<ParamShards> {
+        &self.shards
     }
 
     /// Whether it is the parameter itself, not a view of it.
@@ -131,7 +153,16 @@ impl<B: Backend> ParamHandle<B> {
 
     /// Gathers the parameter from every rank's piece and replays the views: `B`'s tensor, for
     /// an op (live until it returns) or a read.
+    ///
+    /// Panics with [`DistError::RecordOnRankZero`] for a handle that stands in rank 0's record.
     pub(crate) fn materialize(self, wanted: Use) -> B::FloatTensorPrimitive {
+        if self.in_rank_0_record {
+            let error = DistError::RecordOnRankZero {
+                rank: self.shards.rank(),
+                name: self.shards.info(self.index).name.clone(),
+            };
+            panic!("burn-dist: {error}");
+        }
         let full = self
             .shards
             .gather::<B>(self.index, &self.device, wanted, self.phase);

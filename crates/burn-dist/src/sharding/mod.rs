@@ -38,6 +38,7 @@ mod frame;
 mod handle;
 mod prefetch;
 mod prepare;
+mod record;
 mod schedule;
 mod shards;
 

@@ -16,13 +16,13 @@
 use std::any::Any;
 use std::sync::Arc;
 
-use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
+use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamMapper};
 use burn::tensor::backend::{AutodiffBackend, Backend};
-use burn::tensor::{Bool, DType, Int, Tensor, TensorData, TensorPrimitive};
+use burn::tensor::{Bool, DType, Int, Tensor, TensorData};
 use burn_dist_comm::{Communicator, HostBuffer};
 
 use super::shards::{Holding, ShardedParamInfo};
-use super::{ParamHandle, ParamShards, Sharded, ShardedFloat};
+use super::{ParamHandle, ParamShards, Sharded, ShardedFloat, record};
 use crate::error::{DistError, Result};
 use crate::flat::FlatLayout;
 use crate::model::{ParamInfo, replace_values, stable_param_id};
@@ -176,6 +176,8 @@ where
 {
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
         let (_, tensor, mapper) = param.consume();
+        // Prepared before: the record hooks wrap the parameter's own mapper, which is kept.
+        let mapper = record::own_mapper::<X, B, D>(&tensor).unwrap_or(mapper);
         let (name, shape, trainable) = self.plan.floats[self.float].clone();
         let id = stable_param_id(self.float, &name, &shape);
         self.float += 1;
@@ -283,11 +285,11 @@ where
         }
         self.next += 1;
         let (id, _stand_in, mapper) = param.consume();
-        let handle = ParamHandle::<X>::new(self.shards.clone(), index, self.devices[index].clone());
-        let inner = Tensor::<DistributedBackend<X, Sharded>, D>::from_primitive(
-            TensorPrimitive::Float(ShardedFloat::Param(handle)),
-        );
-        Param::from_mapped_value(id, Tensor::from_inner(inner).require_grad(), mapper)
+        let device = self.devices[index].clone();
+        let handle = ParamHandle::<X>::new(self.shards.clone(), index, device.clone());
+        let tensor = record::wrap::<X, B, D>(ShardedFloat::Param(handle)).require_grad();
+        let param = Param::from_mapped_value(id, tensor, ParamMapper::default());
+        record::install::<X, B, D>(param, &self.shards, index, device, mapper)
     }
 }
 
@@ -313,8 +315,10 @@ impl Ddp {
     /// the ops using it gather and release (see [`crate::sharding`]); the other tensors keep
     /// rank 0's values. Train it with ZeroAdam at stage 3.
     ///
-    /// A model loaded from a full record (`load_record`) is resharded the same way: call it
-    /// again on the loaded model.
+    /// Each sharded parameter gets record hooks (`crate::sharding`'s `record.rs`): at stage 3
+    /// `into_record` gathers every parameter to rank 0 only (a collective: every rank takes the
+    /// record), and `load_record` of a full record keeps the model sharded, each rank cutting
+    /// its piece out of the loaded values.
     pub fn prepare_sharded<X, B, M>(&mut self, model: M) -> Result<M>
     where
         X: Backend,

@@ -117,6 +117,8 @@ pub struct ParamShards {
     /// The gather schedules and the gathers in flight ahead of their use.
     pub(super) scheduler: Mutex<Scheduler<UnitGather>>,
     probe: Probe,
+    /// Each parameter's `ParamMapper` from before it was sharded (`record.rs` wraps it).
+    pub(super) own_mappers: Mutex<Vec<Option<Box<dyn Any + Send + Sync>>>>,
 }
 
 /// This rank's part of the sharded parameters.
@@ -154,6 +156,7 @@ impl ParamShards {
     ) -> Self {
         use burn_dist_comm::Communicator;
         let shard_bytes = pieces.iter().map(Vec::len).sum();
+        let count = params.len();
         comm.label_tags(params.iter().map(|p| p.name.clone()).collect());
         let mut in_shard = vec![None; params.len()];
         for piece in layout.pieces(comm.rank()) {
@@ -194,6 +197,7 @@ impl ParamShards {
             }),
             scheduler: Mutex::new(Scheduler::new(prefetch)),
             probe,
+            own_mappers: Mutex::new((0..count).map(|_| None).collect()),
         }
     }
 

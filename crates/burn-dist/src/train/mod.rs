@@ -10,7 +10,9 @@
 //! - [`AgreedEarlyStopping`] around an early-stopping strategy, so that every rank stops with
 //!   rank 0;
 //! - the optimizer through [`crate::Ddp::optimizer`] (any Burn optimizer) or burn-dist-zero's
-//!   `ZeroAdam`, which check that every step's gradients were averaged over the ranks;
+//!   `ZeroAdam`, which check that every step's gradients were averaged over the ranks (at
+//!   ZeRO stage 3, `ZeroAdam` on a model from `Ddp::prepare_sharded`: every rank then runs
+//!   every forward, validation included);
 //! - `burn_dist::mark_for_sync(self.clone())` in `TrainStep::step` (the Learner's fork drops
 //!   the marks; the optimizers above report a forgotten mark by name).
 

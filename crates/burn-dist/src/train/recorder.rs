@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use burn::record::{FileRecorder, Recorder, RecorderError};
+use burn::record::{FileRecorder, Record, Recorder, RecorderError};
 use burn::tensor::backend::Backend;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -12,11 +12,13 @@ use crate::Ddp;
 /// A file recorder for burn-train's checkpointer (`with_file_checkpointer`) under burn-dist:
 /// on rank 0 it is `inner`; on the other ranks it writes nothing, and reads what rank 0 wrote.
 ///
-/// Every rank still builds its records, so an optimizer whose record is a collective
-/// (burn-dist-zero's `ZeroAdam` gathers its shards) takes part on every rank. The other ranks'
-/// checkpointers work in their own [`super::rank_directory`]; a load there is redirected to
-/// the same file in rank 0's directory. So a resume (`.checkpoint(epoch)`) reads one set of
-/// files on every rank, at any world size.
+/// Every rank still takes its records (burn-train does, on the training thread), so a record
+/// that is a collective takes part on every rank: burn-dist-zero's `ZeroAdam` gathers its
+/// shards to rank 0, and at ZeRO stage 3 the model's `into_record` gathers each parameter to
+/// rank 0. The other ranks hold no values in those records, and this recorder drops them
+/// without encoding them. Their checkpointers work in their own [`super::rank_directory`]; a
+/// load there is redirected to the same file in rank 0's directory. So a resume
+/// (`.checkpoint(epoch)`) reads one set of files on every rank, at any world size.
 #[derive(Debug, Clone, Default)]
 pub struct RankZeroRecorder<FR> {
     inner: FR,
@@ -61,6 +63,15 @@ impl<FR: FileRecorder<B>, B: Backend> Recorder<B> for RankZeroRecorder<FR> {
     type RecordArgs = PathBuf;
     type RecordOutput = ();
     type LoadArgs = PathBuf;
+
+    /// Rank 0 encodes and writes; the others drop the record unencoded (at stage 3 encoding
+    /// theirs would ask rank 0 for values it has no reason to send).
+    fn record<R: Record<B>>(&self, record: R, path: PathBuf) -> Result<(), RecorderError> {
+        match self.other_rank {
+            None => self.inner.record(record, path),
+            Some(_) => Ok(()),
+        }
+    }
 
     fn save_item<I: Serialize>(&self, item: I, path: PathBuf) -> Result<(), RecorderError> {
         match self.other_rank {

@@ -1,0 +1,237 @@
+//! ZeRO stage 3's Burn records, the ones burn-train's checkpointer takes (the model's
+//! `into_record`, ZeroAdam's `to_record`): every rank takes them, only rank 0's hold values
+//! (each parameter, and the optimizer state, gathered to rank 0), a rank that tries to encode
+//! its own is told so by name, and rank 0's records load at another world size into a model
+//! that stays sharded and trains on as the uninterrupted run does.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+use burn::backend::Autodiff;
+use burn::module::Module;
+use burn::optim::Optimizer;
+use burn::record::{BinBytesRecorder, FullPrecisionSettings, Recorder};
+use burn_dist::{Ddp, DdpConfig, DistributedBackend, Sharded};
+use burn_dist_comm::testing::run_ranks;
+use burn_dist_comm::{CommConfig, HostCommunicator};
+use burn_dist_testing::{MLP_SIZES, Mlp, assert_close, parameters, shard_rows, synthetic_rows};
+use burn_dist_zero::{ZeroAdam, ZeroAdamConfig};
+use burn_flex::{Flex, FlexDevice};
+
+type Stage3 = Autodiff<DistributedBackend<Flex, Sharded>>;
+type Model = Mlp<Stage3>;
+type ModelRecord = <Model as Module<Stage3>>::Record;
+type OptimRecord = <ZeroAdam as Optimizer<Model, Stage3>>::Record;
+
+/// Divisible by every world size used here: each step is the same global batch.
+const GLOBAL_BATCH: usize = 12;
+/// Steps before the records are taken, and in all.
+const TAKEN_AT: usize = 2;
+const STEPS: usize = 4;
+
+fn recorder() -> BinBytesRecorder<FullPrecisionSettings> {
+    BinBytesRecorder::default()
+}
+
+/// A prepared stage-3 model from `seed` and its optimizer, on this rank of `comm`'s group.
+fn sharded(comm: HostCommunicator, seed: u64) -> (Ddp, Model, ZeroAdam) {
+    let mut ddp = Ddp::for_thread(comm, DdpConfig::new());
+    let model = Model::new(&MLP_SIZES, seed, &FlexDevice);
+    let model = ddp.prepare_sharded(model).expect("prepare_sharded");
+    let zero = ZeroAdamConfig::new()
+        .with_stage(3)
+        .init::<Stage3, _>(&ddp, &model)
+        .expect("ZeroAdam");
+    (ddp, model, zero)
+}
+
+/// Steps `range` of training: each rank its rows of the step's global batch of inputs, the
+/// loss their outputs' mean square.
+fn train(
+    ddp: &mut Ddp,
+    mut model: Model,
+    zero: &mut ZeroAdam,
+    range: std::ops::Range<usize>,
+) -> Model {
+    let rows = shard_rows(GLOBAL_BATCH, ddp.rank(), ddp.world_size());
+    for step in range {
+        let shape = [GLOBAL_BATCH, MLP_SIZES[0]];
+        let x = synthetic_rows::<Stage3, 2>(0, step, shape, rows.clone(), &FlexDevice);
+        let loss = model.forward(x).powi_scalar(2).mean();
+        let grads = ddp.backward(loss, &model).unwrap().unwrap();
+        model = zero.step(1e-2, model, grads, ddp).unwrap().0;
+    }
+    model
+}
+
+/// What one rank of the 3-rank run saw.
+struct Taken {
+    /// Rank 0's encoded records (`None` elsewhere), and the values they must hold.
+    bytes: Option<(Vec<u8>, Vec<u8>)>,
+    values_at_take: Vec<Vec<f32>>,
+    /// Reads the records cost this rank, against its sharded parameters.
+    reads: u64,
+    sharded_params: usize,
+    /// On ranks other than 0: what encoding its own records said.
+    own_model_record: Option<String>,
+    own_optim_record: Option<String>,
+    /// Parameters at the end of the uninterrupted run.
+    end: Vec<Vec<f32>>,
+}
+
+/// The message of the panic `run` ends with (`None` if it returns).
+fn panic_message(run: impl FnOnce()) -> Option<String> {
+    let payload = catch_unwind(AssertUnwindSafe(run)).err()?;
+    let text = payload
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()));
+    Some(text.unwrap_or_default())
+}
+
+/// 3 ranks train, take both records at [`TAKEN_AT`] on every rank, and train on to [`STEPS`].
+fn uninterrupted() -> Vec<Taken> {
+    run_ranks(
+        HostCommunicator::local_group(3, &CommConfig::default()),
+        |rank, comm| {
+            let (mut ddp, model, mut zero) = sharded(comm, 7);
+            let model = train(&mut ddp, model, &mut zero, 0..TAKEN_AT);
+            let stats = || ddp.shard_stats().expect("stage 3");
+            let before = stats().reads;
+            let model_record = model.clone().into_record();
+            let optim_record = Optimizer::<Model, Stage3>::to_record(&zero);
+            let reads = stats().reads - before;
+            let values_at_take = parameters::<Stage3, _>(&model);
+            let (mut own_model_record, mut own_optim_record, mut bytes) = (None, None, None);
+            if rank == 0 {
+                let model_bytes = recorder().record(model_record, ()).unwrap();
+                let optim_bytes = Recorder::<Stage3>::record(&recorder(), optim_record, ())
+                    .expect("ZeroAdam's record");
+                bytes = Some((model_bytes, optim_bytes));
+            } else {
+                own_model_record = panic_message(|| {
+                    let _ = recorder().record(model_record, ());
+                });
+                // Empty here: it encodes, but no optimizer takes it.
+                let encoded = Recorder::<Stage3>::record(&recorder(), optim_record, ()).unwrap();
+                let loaded: OptimRecord =
+                    Recorder::<Stage3>::load(&recorder(), encoded, &FlexDevice).unwrap();
+                let fresh = zero.clone();
+                own_optim_record = panic_message(move || {
+                    let _ = Optimizer::<Model, Stage3>::load_record(fresh, loaded);
+                });
+            }
+            let end = parameters::<Stage3, _>(&train(&mut ddp, model, &mut zero, TAKEN_AT..STEPS));
+            Taken {
+                bytes,
+                values_at_take,
+                reads,
+                sharded_params: ddp.param_shards().expect("stage 3").params().len(),
+                own_model_record,
+                own_optim_record,
+                end,
+            }
+        },
+    )
+}
+
+/// `world` ranks build a fresh model (another seed), load rank 0's records into it and train
+/// the steps after [`TAKEN_AT`]; returns per rank whether the loaded model stayed sharded, its
+/// values right after the load, and at the end.
+fn resumed(world: usize, (model_bytes, optim_bytes): &(Vec<u8>, Vec<u8>)) -> Vec<Resumed> {
+    run_ranks(
+        HostCommunicator::local_group(world, &CommConfig::default()),
+        |_, comm| {
+            let (mut ddp, model, zero) = sharded(comm, 99);
+            let record: ModelRecord = recorder().load(model_bytes.clone(), &FlexDevice).unwrap();
+            // A load builds new parameters, which Burn's backward knows nothing of: mark them.
+            let model = ddp.mark(model.load_record(record));
+            let shards = ddp.param_shards().expect("stage 3");
+            let still_sharded = shards.check_model(&model).map_err(|e| e.to_string());
+            let live_after_load = shards.stats().live_bytes;
+            let record: OptimRecord =
+                Recorder::<Stage3>::load(&recorder(), optim_bytes.clone(), &FlexDevice).unwrap();
+            let mut zero = Optimizer::<Model, Stage3>::load_record(zero, record);
+            let loaded = parameters::<Stage3, _>(&model);
+            let end = parameters::<Stage3, _>(&train(&mut ddp, model, &mut zero, TAKEN_AT..STEPS));
+            Resumed {
+                still_sharded,
+                live_after_load,
+                loaded,
+                end,
+            }
+        },
+    )
+}
+
+struct Resumed {
+    still_sharded: Result<(), String>,
+    live_after_load: usize,
+    loaded: Vec<Vec<f32>>,
+    end: Vec<Vec<f32>>,
+}
+
+#[test]
+fn stage_3_records_are_gathered_to_rank_0_only_and_load_sharded_at_any_world_size() {
+    let taken = uninterrupted();
+    for (rank, t) in taken.iter().enumerate() {
+        assert_eq!(
+            t.reads, t.sharded_params as u64,
+            "rank {rank}: the model's record gathers each sharded parameter once, on every rank"
+        );
+        if rank == 0 {
+            continue;
+        }
+        let said = t
+            .own_model_record
+            .as_deref()
+            .expect("rank 1's record encoded");
+        assert!(
+            said.contains(&format!("rank {rank}: parameter `"))
+                && said.contains("has its values on rank 0 only")
+                && said.contains("RankZeroRecorder"),
+            "rank {rank}: {said}"
+        );
+        let said = t
+            .own_optim_record
+            .as_deref()
+            .expect("an empty record loaded");
+        assert!(
+            said.contains("the ZeroAdam record is empty") && said.contains("rank 0"),
+            "rank {rank}: {said}"
+        );
+    }
+
+    // Rank 0's model record holds the model's values: a plain, unsharded model takes them.
+    let bytes = taken[0].bytes.as_ref().expect("rank 0's records");
+    let plain = Mlp::<Autodiff<Flex>>::new(&MLP_SIZES, 99, &FlexDevice)
+        .load_record(recorder().load(bytes.0.clone(), &FlexDevice).unwrap());
+    assert!(
+        parameters::<Autodiff<Flex>, _>(&plain) == taken[0].values_at_take,
+        "rank 0's record does not hold the model's values"
+    );
+
+    for world in [3, 2] {
+        let runs = resumed(world, bytes);
+        for (rank, run) in runs.iter().enumerate() {
+            let what = format!("resumed on {world} ranks, rank {rank}");
+            assert_eq!(
+                run.still_sharded,
+                Ok(()),
+                "{what}: load_record unsharded it"
+            );
+            assert_eq!(
+                run.live_after_load, 0,
+                "{what}: a gathered copy outlived the load"
+            );
+            assert!(
+                run.loaded == taken[0].values_at_take,
+                "{what}: loaded other values"
+            );
+            if world == 3 {
+                assert!(run.end == taken[rank].end, "{what}: not bit for bit");
+            } else {
+                assert_close(&run.end, &taken[0].end, 1e-5, &what);
+            }
+        }
+    }
+}

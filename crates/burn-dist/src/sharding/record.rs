@@ -1,0 +1,176 @@
+//! Burn records of a sharded model (`into_record`, `load_record`), with no rank holding the
+//! model whole.
+//!
+//! Burn gives a parameter two hooks around its records, the `ParamMapper`'s save and load
+//! transformations, and `Ddp::prepare_sharded` installs one of each on every sharded parameter,
+//! around the parameter's own (Burn's `Linear` has some, to transpose a column-major weight):
+//! - **Saving** (`into_record`, on the thread that calls it) gathers the parameter and keeps it
+//!   on rank 0 only: rank 0's record holds the full tensor, the other ranks' record a handle
+//!   that refuses to be read ([`DistError::RecordOnRankZero`](crate::DistError)). So every rank
+//!   must take the record, at the same point (burn-train's checkpointer does), only rank 0 can
+//!   write it (`burn_dist::train::RankZeroRecorder`), and no rank holds more than one full
+//!   parameter at a time unless it writes the record. Turning the record into bytes later
+//!   (burn-train does that on its checkpointer thread) communicates nothing.
+//! - **Loading** a full record cuts this rank's piece out of each loaded value into the shards
+//!   and puts the parameter's handle back, so the model stays sharded and its optimizer still
+//!   knows its parameters. Nothing is communicated.
+
+use std::any::Any;
+use std::sync::{Arc, Weak};
+
+use burn::module::{Param, ParamMapper};
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{Tensor, TensorPrimitive};
+
+use super::frame::Use;
+use super::{ParamHandle, ParamShards, Sharded, ShardedFloat};
+use crate::DistributedBackend;
+use crate::error::DistError;
+
+/// A float parameter tensor of the stage-3 autodiff backend `B` over `X`.
+type Float<B, const D: usize> = Tensor<B, D>;
+
+/// Gives `param` (trainable parameter `index` of `shards`, holding its handle) the record
+/// hooks above, around `own`, the mapper it had before it was sharded.
+pub(super) fn install<X, B, const D: usize>(
+    param: Param<Float<B, D>>,
+    shards: &Arc<ParamShards>,
+    index: usize,
+    device: X::Device,
+    own: ParamMapper<Float<B, D>>,
+) -> Param<Float<B, D>>
+where
+    X: Backend,
+    B: AutodiffBackend<InnerBackend = DistributedBackend<X, Sharded>>,
+{
+    shards.keep_own_mapper(index, Box::new(own.clone()));
+    // Weak: the model's parameters hold the mappers, and the shards must not outlive the last
+    // handle because of them (a model prepared again would keep the old pieces alive).
+    let (save_shards, load_shards) = (Arc::downgrade(shards), Arc::downgrade(shards));
+    let save_own = own.clone();
+    // Both transformations are replaced: `own` runs inside the hooks.
+    param
+        .save_mapper(move |tensor| save::<X, B, D>(tensor, &save_shards, index, &save_own))
+        .load_mapper(move |tensor| load::<X, B, D>(tensor, &load_shards, index, &device, &own))
+}
+
+/// The save hook: rank 0 gets the gathered parameter (then its own save transformation), the
+/// other ranks a handle that stands in their record for it.
+fn save<X, B, const D: usize>(
+    tensor: Float<B, D>,
+    shards: &Weak<ParamShards>,
+    index: usize,
+    own: &ParamMapper<Float<B, D>>,
+) -> Float<B, D>
+where
+    X: Backend,
+    B: AutodiffBackend<InnerBackend = DistributedBackend<X, Sharded>>,
+{
+    let (Some(shards), Some(handle)) = (shards.upgrade(), handle_of::<X, B, D>(&tensor)) else {
+        return own.on_save(tensor); // not sharded any more: as Burn would
+    };
+    if !handle.is_param_of(&shards, index) {
+        return own.on_save(tensor);
+    }
+    // A read: every rank gathers, in the same order (the order of the model's parameters).
+    let full = handle.clone().materialize(Use::Read);
+    if shards.rank() == 0 {
+        return own.on_save(wrap::<X, B, D>(ShardedFloat::Local(full)));
+    }
+    drop(full);
+    wrap::<X, B, D>(ShardedFloat::Param(handle.in_rank_0_record()))
+}
+
+/// The load hook: this rank's piece of the loaded (full) value goes into the shards, and the
+/// parameter gets its handle back.
+fn load<X, B, const D: usize>(
+    tensor: Float<B, D>,
+    shards: &Weak<ParamShards>,
+    index: usize,
+    device: &X::Device,
+    own: &ParamMapper<Float<B, D>>,
+) -> Float<B, D>
+where
+    X: Backend,
+    B: AutodiffBackend<InnerBackend = DistributedBackend<X, Sharded>>,
+{
+    let tensor = own.on_load(tensor);
+    let Some(shards) = shards.upgrade() else {
+        return tensor;
+    };
+    match handle_of::<X, B, D>(&tensor) {
+        // This model's own record (a rank other than 0 holds no values in it): nothing to load.
+        Some(handle) if handle.is_param_of(&shards, index) => {}
+        // Another preparation's handle: the step refuses it by name (`DistError::ShardReplaced`).
+        Some(_) => return tensor,
+        None => {
+            let info = shards.info(index);
+            if tensor.dims().as_slice() != info.shape.as_slice() {
+                let error = DistError::ModelMismatch(format!(
+                    "rank {}: loading sharded parameter `{}`: the record's tensor has shape {:?}, \
+                     the parameter {:?}",
+                    shards.rank(),
+                    info.name,
+                    tensor.dims(),
+                    info.shape
+                ));
+                panic!("burn-dist: {error}");
+            }
+            shards.write_piece(index, tensor.into_data());
+        }
+    }
+    let handle = ParamHandle::<X>::new(shards, index, device.clone());
+    wrap::<X, B, D>(ShardedFloat::Param(handle))
+}
+
+/// The handle `tensor` holds, if it holds one.
+fn handle_of<X, B, const D: usize>(tensor: &Float<B, D>) -> Option<ParamHandle<X>>
+where
+    X: Backend,
+    B: AutodiffBackend<InnerBackend = DistributedBackend<X, Sharded>>,
+{
+    match tensor.clone().inner().into_primitive() {
+        TensorPrimitive::Float(ShardedFloat::Param(handle)) => Some(handle),
+        _ => None,
+    }
+}
+
+/// `float` as a tensor of `B` (no gradient: `transform_for_load` sets the parameter's).
+pub(super) fn wrap<X, B, const D: usize>(float: ShardedFloat<X>) -> Float<B, D>
+where
+    X: Backend,
+    B: AutodiffBackend<InnerBackend = DistributedBackend<X, Sharded>>,
+{
+    let inner =
+        Tensor::<DistributedBackend<X, Sharded>, D>::from_primitive(TensorPrimitive::Float(float));
+    Tensor::from_inner(inner)
+}
+
+/// The mapper a parameter had before it was sharded, if `tensor` is a handle of an earlier
+/// preparation that kept it: preparing the model again must wrap that one, not the record
+/// hooks of the earlier preparation.
+pub(super) fn own_mapper<X, B, const D: usize>(
+    tensor: &Float<B, D>,
+) -> Option<ParamMapper<Float<B, D>>>
+where
+    X: Backend,
+    B: AutodiffBackend<InnerBackend = DistributedBackend<X, Sharded>>,
+{
+    let handle = handle_of::<X, B, D>(tensor)?;
+    let kept = handle
+        .shards()
+        .own_mappers
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    kept.get(handle.index())?
+        .as_ref()?
+        .downcast_ref::<ParamMapper<Float<B, D>>>()
+        .cloned()
+}
+
+impl ParamShards {
+    fn keep_own_mapper(&self, index: usize, mapper: Box<dyn Any + Send + Sync>) {
+        let mut kept = self.own_mappers.lock().unwrap_or_else(|e| e.into_inner());
+        kept[index] = Some(mapper);
+    }
+}
