@@ -22,6 +22,7 @@ at the end; `step_s`: each step's wall time.
 import argparse
 import math
 import os
+import sys
 import time
 
 import torch
@@ -137,7 +138,9 @@ def main():
         times.append(time.perf_counter() - started)
     peak = status_kib("VmHWM:") / 1024
     steps = ",".join(f"{t:.3f}" for t in times)
-    print(f"fsdp2 rank {rank} baseline_mib {baseline:.0f} peak_mib {peak:.0f} step_s {steps}", flush=True)
+    # One write per report: the ranks share torchrun's stdout.
+    sys.stdout.write(f"fsdp2 rank {rank} baseline_mib {baseline:.0f} peak_mib {peak:.0f} step_s {steps}\n")
+    sys.stdout.flush()
     dist.destroy_process_group()
 
 

@@ -186,6 +186,9 @@ fn fsdp2(python: &std::path::Path, steps: usize) -> Result<Figures, String> {
         ));
     }
     let mut ranks: Vec<(usize, f64, f64, Vec<f64>)> = Vec::new();
+    // The ranks share one pipe, and a rank's line can land right after another's last number
+    // with no newline between them: every report starts a line of its own here.
+    let stdout = stdout.replace("fsdp2 rank ", "\nfsdp2 rank ");
     for line in stdout.lines().filter(|l| l.starts_with("fsdp2 rank ")) {
         let words: Vec<&str> = line.split_whitespace().collect();
         let field = |key: &str| {
