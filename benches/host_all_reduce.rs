@@ -1,13 +1,16 @@
-//! Host all-reduce bus bandwidth, 2 ranks connected through the real store and mesh, next to a
-//! single-threaded memcpy of the same 64 MiB in the same run: once over shared memory (what two
-//! ranks on one host use) and once over loopback TCP (what ranks on different hosts use, here
-//! over loopback). At 2 ranks the bus bandwidth (nccl-tests' definition, 2(n−1)/n × bytes /
-//! time) equals bytes / time, so the throughputs compare directly.
+//! Host collectives' bus bandwidth, 2 ranks connected through the real store and mesh, next to
+//! a single-threaded memcpy of the same 64 MiB in the same run: an all-reduce of 64 MiB and an
+//! all-gather of 32 MiB per rank into 64 MiB, each once over shared memory (what two ranks on
+//! one host use) and once over loopback TCP (what ranks on different hosts use, here over
+//! loopback). Bus bandwidth is nccl-tests' definition: 2(n−1)/n × bytes / time for an
+//! all-reduce (at 2 ranks, bytes / time) and (n−1)/n × bytes / time for an all-gather (at 2
+//! ranks, half the result's bytes / time), so the throughputs compare directly with memcpy's.
 //!
-//! A fourth measurement gives TCP's ceiling: two loopback sockets that each send and receive
+//! A last measurement gives TCP's ceiling: two loopback sockets that each send and receive
 //! the 64 MiB an all-reduce moves per rank at 2 ranks, with nothing else to do.
 //!
-//! `cargo bench -p burn-dist-benches --bench host_all_reduce`; results in docs/perf/.
+//! `cargo bench -p burn-dist-benches --bench host_all_reduce`, or `cargo xtask
+//! bench-collectives` for it and PyTorch's gloo in one run; results in docs/perf/.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -15,8 +18,10 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use burn_dist_comm::testing::{linked_group, rank_data};
-use burn_dist_comm::{CommConfig, Communicator, DType, HostBuffer, Link, ReduceOp};
-use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use burn_dist_comm::{
+    CommConfig, Communicator, DType, HostBuffer, HostCommunicator, Link, ReduceOp,
+};
+use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
 
 const BYTES: usize = 64 << 20;
 
@@ -66,42 +71,91 @@ fn all_reduce_tcp(c: &mut Criterion) {
     all_reduce(c, "all_reduce_f32_2_ranks_tcp", Link::Tcp);
 }
 
+fn all_gather_shared_memory(c: &mut Criterion) {
+    all_gather(c, "all_gather_f32_2_ranks_shm", Link::SharedMemory);
+}
+
+fn all_gather_tcp(c: &mut Criterion) {
+    all_gather(c, "all_gather_f32_2_ranks_tcp", Link::Tcp);
+}
+
+/// An all-reduce (avg) of `BYTES` of f32: at 2 ranks its bus bandwidth is bytes / time.
 fn all_reduce(c: &mut Criterion, name: &str, link: Link) {
+    let input = rank_data(DType::F32, BYTES / 4, 1, 0);
+    mirrored(
+        c,
+        name,
+        link,
+        BYTES,
+        move |_| input.clone(),
+        |comm, buf| comm.all_reduce(buf, ReduceOp::Avg).wait(),
+    );
+}
+
+/// An all-gather of `BYTES / 2` of f32 per rank into `BYTES`: at 2 ranks its bus bandwidth
+/// ((n−1)/n · bytes / time) is `BYTES / 2` / time.
+fn all_gather(c: &mut Criterion, name: &str, link: Link) {
+    let len = BYTES / 4;
+    let shards = [0, 1].map(|rank| rank_data(DType::F32, len / 2, 1, rank));
+    mirrored(
+        c,
+        name,
+        link,
+        BYTES / 2,
+        move |rank| shards[rank].clone(),
+        move |comm, shard| comm.all_gather(shard, len).wait(),
+    );
+}
+
+/// Times rank 0's half of `run` on 2 ranks joined through the real store and mesh over
+/// `link`, with `bus_bytes` of bus traffic per call; rank 1 mirrors every call on its own
+/// thread. Each rank's input, `input(rank)`, is made before rank 0's timed call starts.
+fn mirrored<I, R>(c: &mut Criterion, name: &str, link: Link, bus_bytes: usize, input: I, run: R)
+where
+    I: Fn(usize) -> HostBuffer + Clone + Send + 'static,
+    R: Fn(&HostCommunicator, HostBuffer) -> burn_dist_comm::Result<HostBuffer>
+        + Clone
+        + Send
+        + 'static,
+{
     let (_store, mut comms) = linked_group(2, &CommConfig::default(), link);
     let peer = comms.pop().expect("rank 1");
     let rank0 = comms.pop().expect("rank 0");
-    let len = BYTES / 4;
-    // Avg of equal inputs is a fixed point, so the values stay finite however many iterations.
-    let input = rank_data(DType::F32, len, 1, 0);
-
-    // Rank 1 runs on its own thread and mirrors every all-reduce rank 0 issues.
+    let (ready, is_ready) = mpsc::channel::<()>();
     let (go, went) = mpsc::channel::<()>();
     let (done, finished) = mpsc::channel::<()>();
-    let peer_input = input.clone();
+    let (peer_input, peer_run) = (input.clone(), run.clone());
     let peer_thread = std::thread::spawn(move || {
-        let mut buf = peer_input;
-        while went.recv().is_ok() {
-            buf = peer
-                .all_reduce(buf, ReduceOp::Avg)
-                .wait()
-                .expect("rank 1 all_reduce");
+        loop {
+            let buf = peer_input(1);
+            ready.send(()).ok();
+            if went.recv().is_err() {
+                break;
+            }
+            peer_run(&peer, buf).expect("rank 1's collective");
             done.send(()).expect("bench thread");
         }
     });
 
     let mut group = c.benchmark_group("host_64MiB");
     group
-        .throughput(Throughput::Bytes(BYTES as u64))
+        .throughput(Throughput::Bytes(bus_bytes as u64))
         .sample_size(20)
         .measurement_time(Duration::from_secs(10));
-    let mut buf: Option<HostBuffer> = Some(input);
     group.bench_function(name, |b| {
-        b.iter(|| {
-            go.send(()).expect("rank 1 thread");
-            let out = rank0.all_reduce(buf.take().unwrap(), ReduceOp::Avg).wait();
-            buf = Some(out.expect("rank 0 all_reduce"));
-            finished.recv().expect("rank 1 thread");
-        })
+        b.iter_batched(
+            || {
+                is_ready.recv().expect("rank 1 thread");
+                input(0)
+            },
+            |buf| {
+                go.send(()).expect("rank 1 thread");
+                let out = run(&rank0, buf).expect("rank 0's collective");
+                finished.recv().expect("rank 1 thread");
+                out
+            },
+            BatchSize::PerIteration,
+        )
     });
     group.finish();
     drop(go);
@@ -113,6 +167,8 @@ criterion_group!(
     memcpy,
     all_reduce_shared_memory,
     all_reduce_tcp,
+    all_gather_shared_memory,
+    all_gather_tcp,
     tcp_exchange
 );
 criterion_main!(benches);

@@ -3,6 +3,7 @@
 
 use std::process::{Command, ExitCode};
 
+mod collectives_bench;
 mod gpt;
 mod gpu_check;
 mod host_step;
@@ -52,6 +53,10 @@ tasks:
                 AdamW (foreach and fused), same sizes and threads, alternately N times
                 (default 3); installs torch from PyPI into a venv when missing; never in
                 CI (see docs/perf/host-step.md)
+  bench-collectives
+                the host collectives (all-reduce, all-gather; shared memory and TCP)
+                beside memcpy and PyTorch's gloo, in one run; installs torch from PyPI
+                into a venv when missing; never in CI (docs/perf/host-all-reduce.md)
   bench-zero3 [--steps N]
                 the GPT-2 124M shape on 4 ranks: peak memory per rank and step time of
                 Burn's AdamW, ZeroAdam stages 1, 2 and 3, and PyTorch FSDP2 (torch from
@@ -76,6 +81,7 @@ fn main() -> ExitCode {
         Some("gpu-check") => gpu_check::gpu_check(&args[1..]),
         Some("bench-host-step") => host_step::bench_host_step(&args[1..]),
         Some("bench-zero3") => zero3_bench::bench_zero3(&args[1..]),
+        Some("bench-collectives") => collectives_bench::bench_collectives(&args[1..]),
         Some("pretrain") => gpt::pretrain(&args[1..]),
         Some("soak") => gpt::soak().and_then(|()| chaos(args.get(1).map_or("600", String::as_str))),
         Some("bench-overhead") => match args.get(1).map_or(Ok(6), |r| r.parse::<usize>()) {

@@ -187,7 +187,7 @@ pub(crate) fn all_gather(
     total_len: usize,
 ) -> Result<HostBuffer> {
     let dtype = shard.dtype();
-    let mut full = HostBuffer::zeros(dtype, total_len);
+    let mut full = HostBuffer::for_result(dtype, total_len);
     let own = chunk_bytes(total_len, t.world(), t.rank(), dtype.size());
     full.as_bytes_mut()[own].copy_from_slice(shard.as_bytes());
     all_gather_in_place(t, op, full.as_bytes_mut(), dtype.size())?;
@@ -202,7 +202,7 @@ pub(crate) fn all_gather_counts(
     counts: &[usize],
 ) -> Result<HostBuffer> {
     let dtype = shard.dtype();
-    let mut full = HostBuffer::zeros(dtype, counts.iter().sum());
+    let mut full = HostBuffer::for_result(dtype, counts.iter().sum());
     let ranges = count_bytes(counts, dtype.size());
     full.as_bytes_mut()[ranges[t.rank()].clone()].copy_from_slice(shard.as_bytes());
     let chunks = split_by_sizes(full.as_bytes_mut(), ranges.iter().map(Range::len));

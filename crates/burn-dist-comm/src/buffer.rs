@@ -86,6 +86,21 @@ impl HostBuffer {
         }
     }
 
+    /// A zeroed buffer of `len` elements for a collective to fill. One of at least
+    /// [`HUGE_PAGE_RESULT_BYTES`] is always fresh memory from the kernel (glibc maps every
+    /// allocation that large), whose first touch faults in each 4 KiB page: 17 ms per 64 MiB on
+    /// the project's 2-vCPU VM, more than the copy that fills it. On Linux such a buffer is
+    /// advised to take transparent huge pages (where the system allows them on advice), 512
+    /// times fewer faults.
+    pub(crate) fn for_result(dtype: DType, len: usize) -> Self {
+        let mut buffer = HostBuffer::zeros(dtype, len);
+        #[cfg(target_os = "linux")]
+        if buffer.as_bytes().len() >= HUGE_PAGE_RESULT_BYTES {
+            advise_huge_pages(buffer.as_bytes_mut());
+        }
+        buffer
+    }
+
     pub fn dtype(&self) -> DType {
         match self {
             HostBuffer::F32(_) => DType::F32,
@@ -161,5 +176,43 @@ impl From<Vec<bf16>> for HostBuffer {
 impl From<Vec<u8>> for HostBuffer {
     fn from(v: Vec<u8>) -> Self {
         HostBuffer::U8(v)
+    }
+}
+
+/// Results this large get huge pages: glibc's largest mmap threshold, so that the advice only
+/// ever covers a mapping of the buffer's own, never part of the heap.
+pub(crate) const HUGE_PAGE_RESULT_BYTES: usize = 32 << 20;
+
+/// Advises the 2 MiB-aligned part of `bytes` (untouched memory of a fresh mapping) to be backed
+/// by transparent huge pages. Advice only: where it is refused nothing changes.
+#[cfg(target_os = "linux")]
+fn advise_huge_pages(bytes: &mut [u8]) {
+    const HUGE_PAGE: usize = 2 << 20;
+    let start = bytes.as_mut_ptr() as usize;
+    let (first, end) = (
+        start.next_multiple_of(HUGE_PAGE),
+        (start + bytes.len()) / HUGE_PAGE * HUGE_PAGE,
+    );
+    if first < end {
+        // SAFETY: the range lies inside `bytes`, memory this buffer owns; MADV_HUGEPAGE only
+        // changes how its pages are backed, never their contents.
+        unsafe { libc::madvise(first as *mut libc::c_void, end - first, libc::MADV_HUGEPAGE) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_result_buffer_is_zeros_of_its_length_with_or_without_huge_pages() {
+        for len in [0, 5, HUGE_PAGE_RESULT_BYTES / 4 + 3] {
+            let mut buffer = HostBuffer::for_result(DType::F32, len);
+            assert_eq!(buffer.len(), len);
+            assert!(buffer.as_bytes().iter().all(|&b| b == 0));
+            // Written through, as a collective does: every byte is there.
+            buffer.as_bytes_mut().fill(7);
+            assert!(buffer.as_bytes().iter().all(|&b| b == 7));
+        }
     }
 }
