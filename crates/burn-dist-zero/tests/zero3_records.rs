@@ -2,12 +2,14 @@
 //! `into_record`, ZeroAdam's `to_record`): every rank takes them, only rank 0's hold values
 //! (each parameter, and the optimizer state, gathered to rank 0), a rank that tries to encode
 //! its own is told so by name, and rank 0's records load at another world size into a model
-//! that stays sharded and trains on as the uninterrupted run does.
+//! that stays sharded and trains on as the uninterrupted run does. A parameter's own record
+//! transformations (Burn's column-major `Linear` transposes its weight) still apply.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use burn::backend::Autodiff;
 use burn::module::Module;
+use burn::nn::{LinearConfig, LinearLayout};
 use burn::optim::Optimizer;
 use burn::record::{BinBytesRecorder, FullPrecisionSettings, Recorder};
 use burn_dist::{Ddp, DdpConfig, DistributedBackend, Sharded};
@@ -232,6 +234,72 @@ fn stage_3_records_are_gathered_to_rank_0_only_and_load_sharded_at_any_world_siz
             } else {
                 assert_close(&run.end, &taken[0].end, 1e-5, &what);
             }
+        }
+    }
+}
+
+#[test]
+fn a_column_major_linear_keeps_burns_own_record_transformations_at_stage_3() {
+    // Burn's column-major Linear transposes its weight when it saves and when it loads: the
+    // stage-3 hooks must run around that, not instead of it. Not square, so a missed
+    // transpose cannot go unseen.
+    let config = LinearConfig::new(6, 4).with_layout(LinearLayout::Col);
+    let group = || HostCommunicator::local_group(2, &CommConfig::default());
+    let taken = run_ranks(group(), |rank, comm| {
+        let mut ddp = Ddp::for_thread(comm, DdpConfig::new());
+        let model = ddp
+            .prepare_sharded(config.init::<Stage3>(&FlexDevice))
+            .unwrap();
+        let record = model.clone().into_record();
+        let bytes = (rank == 0).then(|| recorder().record(record, ()).unwrap());
+        (parameters::<Stage3, _>(&model), bytes)
+    });
+    let (values, bytes) = (&taken[0].0, taken[0].1.clone().expect("rank 0's record"));
+
+    // The record is Burn's own: an unsharded column-major Linear loads the same values from
+    // it and records the same bytes. (Not on Autodiff: Burn's own load of a column-major
+    // Linear marks its transposed, non-leaf weight as requiring a gradient, which autodiff
+    // refuses.)
+    type Plain = Flex;
+    let plain = config
+        .init::<Plain>(&FlexDevice)
+        .load_record(recorder().load(bytes.clone(), &FlexDevice).unwrap());
+    assert!(
+        parameters::<Plain, _>(&plain) == *values,
+        "an unsharded Linear reads other values from stage 3's record"
+    );
+    let again = recorder().record(plain.into_record(), ()).unwrap();
+    assert!(again == bytes, "stage 3 recorded other bytes than Burn");
+
+    // Loaded back into sharded Linears (other initial values) on 2 ranks.
+    let loaded = run_ranks(group(), |_, comm| {
+        let mut ddp = Ddp::for_thread(comm, DdpConfig::new());
+        let model = ddp
+            .prepare_sharded(config.init::<Stage3>(&FlexDevice))
+            .unwrap();
+        let model = model.load_record(recorder().load(bytes.clone(), &FlexDevice).unwrap());
+        let sharded = ddp.param_shards().unwrap().check_model(&model).is_ok();
+        let got = parameters::<Stage3, _>(&model);
+        // Prepared again while the first preparation's shards live on (as a stale optimizer
+        // would keep them), it records what it recorded before (one transpose, not two), and
+        // a load keeps it on the new shards.
+        let stale = ddp.param_shards();
+        let model = ddp.prepare_sharded(model).unwrap();
+        let record = model.clone().into_record();
+        let again = (ddp.rank() == 0).then(|| recorder().record(record, ()).unwrap());
+        let model = model.load_record(recorder().load(bytes.clone(), &FlexDevice).unwrap());
+        let resharded = ddp.param_shards().unwrap().check_model(&model).is_ok();
+        drop(stale);
+        (sharded && resharded, got, again)
+    });
+    for (rank, (sharded, got, again)) in loaded.iter().enumerate() {
+        assert!(*sharded, "rank {rank}: a load unsharded the Linear");
+        assert!(got == values, "rank {rank}: loaded other values");
+        if let Some(again) = again {
+            assert!(
+                *again == bytes,
+                "prepared again, the Linear records other bytes"
+            );
         }
     }
 }
