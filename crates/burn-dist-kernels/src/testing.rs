@@ -619,8 +619,9 @@ pub fn check_consecutive_steps<R: Runtime>(fused: &FusedAdam<R>, rng: &mut Rng) 
 /// weight decay, the others with it, in AdamW and in Adam + L2, on the vectorized and the
 /// scalar path, with runs of either kind that start and end inside a vector and one word of the
 /// mask. Each element is held to the f32 reference run on its own run of flags; the decay is
-/// large (a factor of 0.9 per step), so an element stepped under the wrong flag misses by far
-/// more than the tolerance (asserted against the kernel decaying everything).
+/// large (a factor of 0.9 per step in AdamW; in Adam + L2 the parameter added to the
+/// gradient), so an element stepped under the wrong flag misses by far more than the tolerance
+/// (at least 10 times it, asserted against the kernel decaying everything).
 pub fn check_decay_mask<R: Runtime>(fused: &FusedAdam<R>, rng: &mut Rng) {
     for (len, decoupled) in [(4 * 300, true), (4 * 300, false), (777, true)] {
         let (master, m, v) = random_state(rng, len);
@@ -681,9 +682,13 @@ pub fn check_decay_mask<R: Runtime>(fused: &FusedAdam<R>, rng: &mut Rng) {
             let err = relative_error(&masked[r.clone()], &to64(&rp));
             assert!(err <= 1e-6, "{what}: kernel vs f32 reference {err:e}");
             if !decays {
+                // Stepped with decay, the run must miss the reference by well over the
+                // tolerance above. Not by a fixed 1e-3: in Adam + L2 the decay only enters
+                // through the gradient, and a short run can move by less (3.7e-4 seen once
+                // on a run of one element, seed 1796347010790199969).
                 let wrong = relative_error(&unmasked[r.clone()], &to64(&rp));
                 assert!(
-                    wrong > 1e-3,
+                    wrong > 1e-5,
                     "{what}: the case is meant to tell, but decaying moves it by {wrong:e}"
                 );
             }
