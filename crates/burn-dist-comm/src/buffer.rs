@@ -87,9 +87,10 @@ impl HostBuffer {
     }
 
     /// A zeroed buffer of `len` elements for a collective to fill. One of at least
-    /// [`HUGE_PAGE_RESULT_BYTES`] is always fresh memory from the kernel (glibc maps every
-    /// allocation that large), whose first touch faults in each 4 KiB page: 17 ms per 64 MiB on
-    /// the project's 2-vCPU VM, more than the copy that fills it. On Linux such a buffer is
+    /// [`HUGE_PAGE_RESULT_BYTES`] is fresh memory from the kernel under glibc's malloc with its
+    /// default thresholds (or gpt-pretrain's), which maps every allocation that large; its
+    /// first touch faults in each 4 KiB page: 17 ms per 64 MiB on the project's 2-vCPU VM,
+    /// more than the copy that fills it. On Linux such a buffer is
     /// advised to take transparent huge pages (where the system allows them on advice), 512
     /// times fewer faults.
     pub(crate) fn for_result(dtype: DType, len: usize) -> Self {
@@ -179,8 +180,10 @@ impl From<Vec<u8>> for HostBuffer {
     }
 }
 
-/// Results this large get huge pages: glibc's largest mmap threshold, so that the advice only
-/// ever covers a mapping of the buffer's own, never part of the heap.
+/// Results this large get huge pages: glibc's largest dynamic mmap threshold, so that with
+/// glibc's default settings the advice covers a mapping of the buffer's own, never part of the
+/// heap. (A program that raises `M_MMAP_THRESHOLD` above it, or another allocator, may see part
+/// of its heap advised: harmless to contents, possibly more memory in huge pages.)
 pub(crate) const HUGE_PAGE_RESULT_BYTES: usize = 32 << 20;
 
 /// Advises the 2 MiB-aligned part of `bytes` (untouched memory of a fresh mapping) to be backed

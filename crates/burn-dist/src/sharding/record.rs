@@ -70,7 +70,7 @@ where
         return own.on_save(tensor); // not sharded any more: as Burn would
     };
     if !handle.is_param_of(&shards, index) {
-        return own.on_save(tensor);
+        return own.on_save(tensor); // a view, or another preparation's handle: as Burn would
     }
     // A read: every rank gathers, in the same order (the order of the model's parameters).
     let full = handle.clone().materialize(Use::Read);
