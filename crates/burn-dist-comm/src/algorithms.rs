@@ -87,8 +87,9 @@ fn piece(len: usize, p: usize) -> Range<usize> {
 ///
 /// Chunks travel in pieces, piece-major: at step (piece `p`, offset `s`) this rank sends piece
 /// `p` of rank `rank + s`'s chunk while rank `rank - s` sends it piece `p` of its own, so every
-/// send meets its receive whatever the link buffers. Each piece is folded as soon as every
-/// rank's copy of it is in, from receive slots the size of one piece.
+/// send meets its receive whatever the link buffers. Each piece is folded as its copies come
+/// in: straight out of the shared-memory rings, or from receive slots the size of one piece
+/// on links that cannot lend their bytes.
 pub(crate) fn reduce_scatter_in_place(
     t: &mut dyn Transport,
     op: &OpDesc,
@@ -111,16 +112,22 @@ pub(crate) fn reduce_scatter_in_place(
         .flat_map(|p| send_order(rank, world).map(move |q| (q, p)))
         .map(|(q, p)| (q, &parts[q][piece(parts[q].len(), p)]))
         .collect();
-    let staging = scratch.bytes(own.len().min(PIECE_BYTES) * world);
+    let peers: Vec<usize> = recv_order(rank, world).collect();
+    let staging = scratch.bytes(own.len().min(PIECE_BYTES) * peers.len());
     exchange_with(t, op, &sends, false, |rx| {
         for p in 0..pieces {
             let range = piece(own.len(), p);
-            let mut slots = split_by_sizes(&mut *staging, std::iter::repeat_n(range.len(), world));
-            for q in recv_order(rank, world) {
-                rx.recv(q, op, slots[q])?;
-            }
-            let others: Vec<&[u8]> = slots.iter().map(|slot| &**slot).collect();
-            fold_in_rank_order(dtype, reduce, rank, &mut own[range], &others);
+            let len = range.len();
+            let own = &mut own[range];
+            let mut fold = |at: usize, parts: &[&[u8]]| {
+                let n = parts.first().map_or(0, |part| part.len());
+                let mut others: Vec<&[u8]> = vec![&[]; world];
+                for (&q, part) in peers.iter().zip(parts) {
+                    others[q] = part;
+                }
+                fold_in_rank_order(dtype, reduce, rank, &mut own[at..at + n], &others);
+            };
+            rx.recv_side_by_side(&peers, op, len, elem, staging, &mut fold)?;
         }
         Ok(())
     })

@@ -405,3 +405,76 @@ fn many_collectives_in_flight_complete_in_issue_order() {
         }
     }
 }
+
+/// Reduces of several pieces each (256 KiB), after buffers of odd byte lengths. Over shared
+/// memory a reduce folds each piece where the peers wrote it in their rings: the odd lengths
+/// (u8 and f16) leave the ring positions anywhere, and buffers larger than a ring (1 MiB) make
+/// pieces straddle a ring's end. Every result must be the reference's, bitwise, at 2 and 3
+/// ranks.
+fn large_reduces_match_reference_after_odd_sized_messages(wire: Wire) {
+    let sequence = [
+        (DType::U8, 13, ReduceOp::Max),
+        (DType::F16, 600_001, ReduceOp::Sum),
+        (DType::U8, 5, ReduceOp::Max),
+        (DType::F32, 700_003, ReduceOp::Avg),
+        (DType::F16, 3, ReduceOp::Max),
+        (DType::BF16, 1_000_001, ReduceOp::Sum),
+    ];
+    for world in [2, 3] {
+        let inputs = |seed: u64| -> Vec<Vec<HostBuffer>> {
+            (0..world)
+                .map(|r| {
+                    sequence
+                        .iter()
+                        .map(|&(dtype, len, _)| rank_data(dtype, len, seed, r))
+                        .collect()
+                })
+                .collect()
+        };
+        let (reduced, scattered) = (inputs(31), inputs(37));
+        let got = with_group(wire, world, |rank, comm| {
+            let ops = sequence.iter().map(|&(_, _, op)| op);
+            let pending: Vec<_> = (reduced[rank].iter().zip(&scattered[rank]))
+                .zip(ops)
+                .map(|((a, b), op)| {
+                    (
+                        comm.all_reduce(a.clone(), op),
+                        comm.reduce_scatter(b.clone(), op),
+                    )
+                })
+                .collect();
+            pending
+                .into_iter()
+                .map(|(a, b)| (a.wait().unwrap(), b.wait().unwrap()))
+                .collect::<Vec<_>>()
+        });
+        for (i, &(dtype, len, op)) in sequence.iter().enumerate() {
+            let column = |all: &[Vec<HostBuffer>]| -> Vec<HostBuffer> {
+                all.iter().map(|rank| rank[i].clone()).collect()
+            };
+            let want_reduced = reference_reduce(&column(&reduced), op);
+            let want_scattered = reference_reduce(&column(&scattered), op);
+            for (rank, (all_reduced, scattered)) in got.iter().map(|g| &g[i]).enumerate() {
+                let what = format!("{dtype} {op} len {len} world {world} rank {rank}");
+                assert_bitwise(all_reduced, &want_reduced, &format!("all_reduce {what}"));
+                let own = want_scattered.slice(chunk_range(len, world, rank));
+                assert_bitwise(scattered, &own, &format!("reduce_scatter {what}"));
+            }
+        }
+    }
+}
+
+#[test]
+fn large_reduces_match_reference_after_odd_sized_messages_in_process() {
+    large_reduces_match_reference_after_odd_sized_messages(Wire::Local);
+}
+
+#[test]
+fn large_reduces_match_reference_after_odd_sized_messages_over_tcp() {
+    large_reduces_match_reference_after_odd_sized_messages(Wire::Tcp);
+}
+
+#[test]
+fn large_reduces_match_reference_after_odd_sized_messages_over_shared_memory() {
+    large_reduces_match_reference_after_odd_sized_messages(Wire::Shm);
+}

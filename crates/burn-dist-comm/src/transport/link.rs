@@ -7,7 +7,13 @@ use std::net::{Shutdown, TcpStream};
 use std::time::Duration;
 
 #[cfg(target_os = "linux")]
-use super::shm::ShmLink;
+use super::shm::{Ring, ShmLink};
+use crate::wire::HEADER_LEN;
+
+/// On a ring every message (header and payload) starts at a multiple of this many bytes, so
+/// that a payload read where it lies in the ring is aligned for every element type.
+const RING_ALIGN: usize = 8;
+const _: () = assert!(HEADER_LEN.is_multiple_of(RING_ALIGN));
 
 /// How the data of one pair of ranks travels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,6 +90,36 @@ impl DataLink {
         }
     }
 
+    /// Ends a message of `len` bytes (header included): on a ring, with the zero bytes that bring
+    /// the next message to a multiple of `RING_ALIGN`.
+    pub(crate) fn end_message(&self, len: usize) -> io::Result<()> {
+        match self {
+            DataLink::Tcp(_) => Ok(()),
+            #[cfg(target_os = "linux")]
+            DataLink::SharedMemory(link) => link.outbound.write_all(&[0; RING_ALIGN][..pad(len)]),
+        }
+    }
+
+    /// Skips what [`DataLink::end_message`] added after a message of `len` bytes.
+    pub(crate) fn skip_message_end(&self, len: usize) -> io::Result<()> {
+        match self {
+            DataLink::Tcp(_) => Ok(()),
+            #[cfg(target_os = "linux")]
+            DataLink::SharedMemory(link) => {
+                link.inbound.read_exact(&mut [0; RING_ALIGN][..pad(len)])
+            }
+        }
+    }
+
+    /// The ring this link reads from, whose bytes can be used where they lie.
+    #[cfg(target_os = "linux")]
+    pub(crate) fn inbound_ring(&self) -> Option<&Ring> {
+        match self {
+            DataLink::Tcp(_) => None,
+            DataLink::SharedMemory(link) => Some(&link.inbound),
+        }
+    }
+
     /// Wakes every blocked read and write on the link, on both ends, for good.
     pub(crate) fn shutdown(&self) {
         match self {
@@ -95,4 +131,9 @@ impl DataLink {
             }
         }
     }
+}
+
+/// Zero bytes that round `len` up to a multiple of `RING_ALIGN`.
+fn pad(len: usize) -> usize {
+    len.next_multiple_of(RING_ALIGN) - len
 }

@@ -30,6 +30,50 @@ pub(crate) trait Rx {
     /// (kind, sequence number, dtype) and have `out.len()` bytes, otherwise this fails with
     /// `CommError::Mismatch` (see [`check_header`]).
     fn recv(&mut self, peer: usize, op: &OpDesc, out: &mut [u8]) -> Result<()>;
+
+    /// Receives the next message of each of `peers`, all of `len` bytes, and shows them to
+    /// `visit` side by side: each call `visit(at, parts)` gets bytes `at..at + n` of every
+    /// peer's message (`parts[i]` is `peers[i]`'s, all of one length `n`, a multiple of
+    /// `align`), and the calls cover the messages in order. A link that can lends the bytes where
+    /// they arrived; otherwise they are received into `scratch` (at least `peers.len() × len`
+    /// bytes) first and visited in one call. With no peers nothing is visited. The same checks
+    /// and errors as [`Rx::recv`].
+    fn recv_side_by_side(
+        &mut self,
+        peers: &[usize],
+        op: &OpDesc,
+        len: usize,
+        _align: usize,
+        scratch: &mut [u8],
+        visit: &mut dyn FnMut(usize, &[&[u8]]),
+    ) -> Result<()> {
+        recv_into_scratch(self, peers, op, len, scratch, visit)
+    }
+}
+
+/// [`Rx::recv_side_by_side`] for links that cannot lend their bytes: each message is received
+/// into its slot of `scratch`, then all are visited at once.
+pub(crate) fn recv_into_scratch<R: Rx + ?Sized>(
+    rx: &mut R,
+    peers: &[usize],
+    op: &OpDesc,
+    len: usize,
+    scratch: &mut [u8],
+    visit: &mut dyn FnMut(usize, &[&[u8]]),
+) -> Result<()> {
+    if peers.is_empty() {
+        return Ok(());
+    }
+    let mut parts: Vec<&[u8]> = Vec::with_capacity(peers.len());
+    let mut rest = &mut scratch[..peers.len() * len];
+    for &peer in peers {
+        let (slot, tail) = std::mem::take(&mut rest).split_at_mut(len);
+        rx.recv(peer, op, slot)?;
+        parts.push(slot);
+        rest = tail;
+    }
+    visit(0, &parts);
+    Ok(())
 }
 
 /// Failure handling shared by both sides of a transport.

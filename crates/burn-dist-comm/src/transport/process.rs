@@ -18,7 +18,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use super::link::{DataLink, Link};
-use super::{Abort, Rx, Transport, Tx, check_header};
+use super::{Abort, Rx, Transport, Tx, check_header, recv_into_scratch};
 use crate::wire::{HEADER_LEN, Header};
 use crate::{CommError, OpDesc, Result};
 
@@ -284,26 +284,109 @@ impl Tx for ProcessTx {
         let header = Header::for_op(op).with_len(payload.len()).encode();
         link.write_all(&header)
             .and_then(|()| link.write_all(payload))
+            .and_then(|()| link.end_message(HEADER_LEN + payload.len()))
             .map_err(|e| self.shared.io_error(peer, op, e))
     }
 }
 
-impl Rx for ProcessRx {
-    fn recv(&mut self, peer: usize, op: &OpDesc, out: &mut [u8]) -> Result<()> {
-        let link = self.data[peer].as_ref().expect("no link to self");
+impl ProcessRx {
+    fn link(&self, peer: usize) -> &DataLink {
+        self.data[peer].as_ref().expect("no link to self")
+    }
+
+    /// Reads `peer`'s next header and checks that it starts the message of `op` with `len`
+    /// bytes that this rank expects.
+    fn header(&self, peer: usize, op: &OpDesc, len: usize) -> Result<()> {
         let mut header = [0u8; HEADER_LEN];
-        link.read_exact(&mut header)
+        self.link(peer)
+            .read_exact(&mut header)
             .map_err(|e| self.shared.io_error(peer, op, e))?;
         let got = Header::decode(&header).map_err(|got| CommError::Mismatch {
             peer,
             op: op.clone(),
-            expected: Header::for_op(op).with_len(out.len()).to_string(),
+            expected: Header::for_op(op).with_len(len).to_string(),
             got,
             got_tag: 0,
         })?;
-        check_header(peer, op, got, out.len())?;
-        link.read_exact(out)
+        check_header(peer, op, got, len)
+    }
+
+    /// Reads what follows the payload of `peer`'s message of `len` bytes.
+    fn end_message(&self, peer: usize, op: &OpDesc, len: usize) -> Result<()> {
+        self.link(peer)
+            .skip_message_end(HEADER_LEN + len)
             .map_err(|e| self.shared.io_error(peer, op, e))
+    }
+}
+
+/// The most bytes of each peer's message that one `visit` of a side-by-side receive from the
+/// rings waits for: small enough that visiting starts while the writers still write.
+#[cfg(target_os = "linux")]
+const SIDE_BY_SIDE_RUN: usize = 64 << 10;
+
+impl Rx for ProcessRx {
+    fn recv(&mut self, peer: usize, op: &OpDesc, out: &mut [u8]) -> Result<()> {
+        self.header(peer, op, out.len())?;
+        self.link(peer)
+            .read_exact(out)
+            .map_err(|e| self.shared.io_error(peer, op, e))?;
+        self.end_message(peer, op, out.len())
+    }
+
+    /// From shared-memory rings, the bytes are visited where the peers wrote them: no copy.
+    #[cfg(target_os = "linux")]
+    fn recv_side_by_side(
+        &mut self,
+        peers: &[usize],
+        op: &OpDesc,
+        len: usize,
+        align: usize,
+        scratch: &mut [u8],
+        visit: &mut dyn FnMut(usize, &[&[u8]]),
+    ) -> Result<()> {
+        if peers.is_empty() {
+            return Ok(());
+        }
+        let in_rings = peers
+            .iter()
+            .all(|&peer| self.link(peer).inbound_ring().is_some());
+        if !in_rings {
+            return recv_into_scratch(self, peers, op, len, scratch, visit);
+        }
+        for &peer in peers {
+            self.header(peer, op, len)?;
+        }
+        let mut at = 0;
+        while at < len {
+            // Each message starts aligned in its ring and every ring's end is aligned too, so
+            // every peer has at least `want` bytes or a multiple of `align` in one run.
+            let want = (len - at).min(SIDE_BY_SIDE_RUN);
+            let mut held = Vec::with_capacity(peers.len());
+            for &peer in peers {
+                let ring = self.link(peer).inbound_ring().expect("checked above");
+                held.push(
+                    ring.peek(want)
+                        .map_err(|e| self.shared.io_error(peer, op, e))?,
+                );
+            }
+            let run = held.iter().map(|h| h.bytes().len()).min().unwrap_or(0);
+            let n = run.min(len - at) / align * align;
+            if n == 0 {
+                let reason = format!("{op}: a ring holds less than one element of {align} bytes");
+                return Err(CommError::io(
+                    reason,
+                    std::io::ErrorKind::InvalidData.into(),
+                ));
+            }
+            let parts: Vec<&[u8]> = held.iter().map(|h| &h.bytes()[..n]).collect();
+            visit(at, &parts);
+            held.into_iter().for_each(|h| h.release(n));
+            at += n;
+        }
+        for &peer in peers {
+            self.end_message(peer, op, len)?;
+        }
+        Ok(())
     }
 }
 

@@ -186,26 +186,44 @@ impl Ring {
 
     /// Fills `out`, waiting for data as needed; the same errors as [`Ring::write_all`].
     pub(crate) fn read_exact(&self, mut out: &mut [u8]) -> io::Result<()> {
-        let control = self.control();
         while !out.is_empty() {
-            let held =
-                || (control.written.0.load(SeqCst)).wrapping_sub(control.read.0.load(SeqCst));
-            self.wait(&control.data.0, || held() > 0)?;
-            let at = control.read.0.load(SeqCst);
-            let n = (held() as usize).min(out.len()).min(self.capacity / PIECES);
-            let start = (at % self.capacity as u64) as usize;
-            let first = n.min(self.capacity - start);
-            // SAFETY: `start..start + first` and `0..n - first` lie in the ring and in the part
-            // the writer filled and does not touch until `read` moves past them below.
-            unsafe {
-                std::ptr::copy_nonoverlapping(self.data().add(start), out.as_mut_ptr(), first);
-                std::ptr::copy_nonoverlapping(self.data(), out[first..].as_mut_ptr(), n - first);
-            }
-            control.read.0.store(at + n as u64, SeqCst);
-            wake(&control.space.0);
+            let held = self.peek(1)?;
+            let n = held
+                .bytes()
+                .len()
+                .min(out.len())
+                .min(self.capacity / PIECES);
+            out[..n].copy_from_slice(&held.bytes()[..n]);
+            held.release(n);
             out = &mut std::mem::take(&mut out)[n..];
         }
         Ok(())
+    }
+
+    /// Waits until the ring holds at least `min` bytes in one run from the read position (or
+    /// every byte up to the end of the ring, when that comes first) and shows the whole run
+    /// where it lies, without copying it. Nothing is consumed until [`Held::release`]; the
+    /// same errors as [`Ring::read_exact`].
+    pub(crate) fn peek(&self, min: usize) -> io::Result<Held<'_>> {
+        let control = self.control();
+        let at = control.read.0.load(SeqCst);
+        let start = (at % self.capacity as u64) as usize;
+        let to_end = self.capacity - start;
+        // Saturating and capped: positions a broken peer corrupted must not reach past the ring.
+        let run = || {
+            let held = control.written.0.load(SeqCst).wrapping_sub(at);
+            (held.min(self.capacity as u64) as usize).min(to_end)
+        };
+        let want = min.clamp(1, to_end);
+        self.wait(&control.data.0, || run() >= want)?;
+        // SAFETY: `start..start + run()` lies in the ring and in the part the writer filled; the
+        // writer does not touch it until `read` moves past it, which only `Held::release` does.
+        let bytes = unsafe { std::slice::from_raw_parts(self.data().add(start), run()) };
+        Ok(Held {
+            ring: self,
+            at,
+            bytes,
+        })
     }
 
     /// Closes the ring for both sides: whatever waits on it, here or in the other process,
@@ -264,6 +282,27 @@ impl Ring {
             }
             signal.sleepers.fetch_sub(1, SeqCst);
         }
+    }
+}
+
+/// Bytes the writer put in the ring that the reader has not released, seen where they lie.
+pub(crate) struct Held<'a> {
+    ring: &'a Ring,
+    at: u64,
+    bytes: &'a [u8],
+}
+
+impl Held<'_> {
+    pub(crate) fn bytes(&self) -> &[u8] {
+        self.bytes
+    }
+
+    /// Hands the first `n` bytes back to the writer: they are read.
+    pub(crate) fn release(self, n: usize) {
+        assert!(n <= self.bytes.len(), "released more than the ring held");
+        let control = self.ring.control();
+        control.read.0.store(self.at + n as u64, SeqCst);
+        wake(&control.space.0);
     }
 }
 
@@ -364,6 +403,35 @@ mod tests {
             }
             assert!(got == data, "the stream arrived altered");
         });
+    }
+
+    #[test]
+    fn peek_lends_the_run_up_to_the_rings_end_and_release_hands_it_back() {
+        let (writer, reader) = pair("peek", 4096, Duration::from_secs(30));
+        let data: Vec<u8> = (0..5000u32).map(|i| (i % 251) as u8).collect();
+        writer.write_all(&data[..3000]).expect("write");
+        reader.read_exact(&mut [0u8; 3000]).expect("read");
+        writer
+            .write_all(&data[3000..])
+            .expect("write across the end");
+        // 2000 bytes are held, 1096 of them before the ring's end: a wish for more stops there.
+        let held = reader.peek(2000).expect("peek");
+        assert_eq!(held.bytes(), &data[3000..4096]);
+        held.release(96);
+        let held = reader.peek(1).expect("peek after a partial release");
+        assert_eq!(
+            held.bytes(),
+            &data[3096..4096],
+            "a release moves by what it says"
+        );
+        held.release(1000);
+        let held = reader.peek(904).expect("peek past the end");
+        assert_eq!(held.bytes(), &data[4096..]);
+        held.release(904);
+        // All of it read: the writer has the whole ring again.
+        writer
+            .write_all(&[7u8; 4096])
+            .expect("a full ring's worth fits");
     }
 
     #[test]
