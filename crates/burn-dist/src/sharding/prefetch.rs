@@ -160,7 +160,7 @@ impl ParamShards {
             let result = pending.wait();
             let waited = start.elapsed().as_nanos() as u64;
             self.state().stats.wait_nanos += waited;
-            let bytes = match result {
+            let mut bytes = match result {
                 Ok(HostBuffer::U8(bytes)) => bytes,
                 Ok(_) => unreachable!("a u8 all-gather returns u8"),
                 Err(error) => {
@@ -169,17 +169,21 @@ impl ParamShards {
                     return Err(error);
                 }
             };
-            if gather.parts.len() == 1 {
-                // A parameter alone (on demand, most of backward): its bytes as they came.
-                gather.parts[0] = Some(bytes);
-            } else {
-                let mut rest = bytes.as_slice();
-                for (i, part) in gather.params.clone().zip(&mut gather.parts) {
-                    let (mine, after) = rest.split_at(self.params[i].bytes());
-                    *part = Some(mine.to_vec());
-                    rest = after;
-                }
+            // The first parameter keeps the result's allocation: a parameter alone (on demand,
+            // most of backward) is its bytes as they came, and a unit's first (a layer's weight,
+            // ahead of its bias) is not copied; only the parameters after it are.
+            let first = self.params[gather.params.start].bytes();
+            let mut rest = &bytes[first..];
+            for (i, part) in gather.params.clone().zip(&mut gather.parts).skip(1) {
+                let (mine, after) = rest.split_at(self.params[i].bytes());
+                *part = Some(mine.to_vec());
+                rest = after;
             }
+            // Shrinking in place gives the rest back (glibc: a split chunk, or mremap for a
+            // large one) without copying what is kept.
+            bytes.truncate(first);
+            bytes.shrink_to_fit();
+            gather.parts[0] = Some(bytes);
         }
         let part = gather.parts[offset]
             .take()
