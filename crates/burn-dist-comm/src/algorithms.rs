@@ -76,6 +76,14 @@ fn split_chunks(bytes: &mut [u8], world: usize, elem: usize) -> Vec<&mut [u8]> {
 /// size, small enough that the receive slots stay in cache while they are folded.
 const PIECE_BYTES: usize = 256 << 10;
 
+// A ring holds two pieces' messages (header, piece, padding): folding out of the rings cannot
+// block (see `reduce_scatter_in_place`).
+#[cfg(target_os = "linux")]
+const _: () = assert!(
+    crate::transport::shm::RING_BYTES
+        >= 2 * (PIECE_BYTES + crate::wire::HEADER_LEN + crate::transport::shm::RING_ALIGN)
+);
+
 /// Byte range of piece `p` of a chunk of `len` bytes (empty past its end).
 fn piece(len: usize, p: usize) -> Range<usize> {
     let start = (p * PIECE_BYTES).min(len);
@@ -86,10 +94,12 @@ fn piece(len: usize, p: usize) -> Range<usize> {
 /// the ranks before it) reduced over all ranks; the other chunks are unchanged.
 ///
 /// Chunks travel in pieces, piece-major: at step (piece `p`, offset `s`) this rank sends piece
-/// `p` of rank `rank + s`'s chunk while rank `rank - s` sends it piece `p` of its own, so every
-/// send meets its receive whatever the link buffers. Each piece is folded as its copies come
-/// in: straight out of the shared-memory rings, or from receive slots the size of one piece
-/// on links that cannot lend their bytes.
+/// `p` of rank `rank + s`'s chunk while rank `rank - s` sends it piece `p` of its own. Received
+/// one peer at a time into slots the size of one piece (TCP, channels), every send meets its
+/// receive whatever the link buffers. Folded straight out of the shared-memory rings, a piece
+/// waits for every peer's copy at once, which cannot block: a ring holds two pieces' messages,
+/// so a peer past piece `p` has left its piece `p` in the ring and one not yet there has room
+/// to write it (asserted beside `PIECE_BYTES`).
 pub(crate) fn reduce_scatter_in_place(
     t: &mut dyn Transport,
     op: &OpDesc,

@@ -406,9 +406,10 @@ fn many_collectives_in_flight_complete_in_issue_order() {
     }
 }
 
-/// Reduces of several pieces each (256 KiB), after buffers of odd byte lengths. Over shared
-/// memory a reduce folds each piece where the peers wrote it in their rings: the odd lengths
-/// (u8 and f16) leave the ring positions anywhere, and buffers larger than a ring (1 MiB) make
+/// Reduces of several pieces each (256 KiB), after buffers whose byte lengths are not multiples
+/// of 8. Over shared memory a reduce folds each piece where the peers wrote it in their rings:
+/// those lengths (u8 and f16) leave the ring positions anywhere, and buffers larger than a ring
+/// (1 MiB) make
 /// pieces straddle a ring's end. Every result must be the reference's, bitwise, at 2 and 3
 /// ranks.
 fn large_reduces_match_reference_after_odd_sized_messages(wire: Wire) {

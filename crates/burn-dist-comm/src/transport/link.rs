@@ -7,12 +7,13 @@ use std::net::{Shutdown, TcpStream};
 use std::time::Duration;
 
 #[cfg(target_os = "linux")]
-use super::shm::{Ring, ShmLink};
+use super::shm::{RING_ALIGN, Ring, ShmLink};
+#[cfg(target_os = "linux")]
 use crate::wire::HEADER_LEN;
 
-/// On a ring every message (header and payload) starts at a multiple of this many bytes, so
-/// that a payload read where it lies in the ring is aligned for every element type.
-const RING_ALIGN: usize = 8;
+// On a ring every message (header and payload) starts at a multiple of the ring's alignment,
+// so that a payload read where it lies in the ring is aligned for every element type.
+#[cfg(target_os = "linux")]
 const _: () = assert!(HEADER_LEN.is_multiple_of(RING_ALIGN));
 
 /// How the data of one pair of ranks travels.
@@ -134,6 +135,7 @@ impl DataLink {
 }
 
 /// Zero bytes that round `len` up to a multiple of `RING_ALIGN`.
+#[cfg(target_os = "linux")]
 fn pad(len: usize) -> usize {
     len.next_multiple_of(RING_ALIGN) - len
 }

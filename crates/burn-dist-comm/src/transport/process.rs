@@ -296,7 +296,7 @@ impl ProcessRx {
 
     /// Reads `peer`'s next header and checks that it starts the message of `op` with `len`
     /// bytes that this rank expects.
-    fn header(&self, peer: usize, op: &OpDesc, len: usize) -> Result<()> {
+    fn read_header(&self, peer: usize, op: &OpDesc, len: usize) -> Result<()> {
         let mut header = [0u8; HEADER_LEN];
         self.link(peer)
             .read_exact(&mut header)
@@ -312,7 +312,7 @@ impl ProcessRx {
     }
 
     /// Reads what follows the payload of `peer`'s message of `len` bytes.
-    fn end_message(&self, peer: usize, op: &OpDesc, len: usize) -> Result<()> {
+    fn skip_message_end(&self, peer: usize, op: &OpDesc, len: usize) -> Result<()> {
         self.link(peer)
             .skip_message_end(HEADER_LEN + len)
             .map_err(|e| self.shared.io_error(peer, op, e))
@@ -326,11 +326,11 @@ const SIDE_BY_SIDE_RUN: usize = 64 << 10;
 
 impl Rx for ProcessRx {
     fn recv(&mut self, peer: usize, op: &OpDesc, out: &mut [u8]) -> Result<()> {
-        self.header(peer, op, out.len())?;
+        self.read_header(peer, op, out.len())?;
         self.link(peer)
             .read_exact(out)
             .map_err(|e| self.shared.io_error(peer, op, e))?;
-        self.end_message(peer, op, out.len())
+        self.skip_message_end(peer, op, out.len())
     }
 
     /// From shared-memory rings, the bytes are visited where the peers wrote them: no copy.
@@ -354,7 +354,7 @@ impl Rx for ProcessRx {
             return recv_into_scratch(self, peers, op, len, scratch, visit);
         }
         for &peer in peers {
-            self.header(peer, op, len)?;
+            self.read_header(peer, op, len)?;
         }
         let mut at = 0;
         while at < len {
@@ -372,7 +372,11 @@ impl Rx for ProcessRx {
             let run = held.iter().map(|h| h.bytes().len()).min().unwrap_or(0);
             let n = run.min(len - at) / align * align;
             if n == 0 {
-                let reason = format!("{op}: a ring holds less than one element of {align} bytes");
+                // Only a peer that broke the rings' alignment gets here.
+                let reason = format!(
+                    "{op}: the rings from ranks {peers:?} hold less than one element of {align} \
+                     bytes in a run"
+                );
                 return Err(CommError::io(
                     reason,
                     std::io::ErrorKind::InvalidData.into(),
@@ -384,7 +388,7 @@ impl Rx for ProcessRx {
             at += n;
         }
         for &peer in peers {
-            self.end_message(peer, op, len)?;
+            self.skip_message_end(peer, op, len)?;
         }
         Ok(())
     }

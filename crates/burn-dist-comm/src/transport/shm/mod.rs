@@ -22,14 +22,15 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-pub(crate) use ring::Ring;
+pub(crate) use ring::{ALIGN as RING_ALIGN, Ring};
 
 use crate::store::StoreClient;
 use crate::{CommConfig, Result};
 
 /// Data bytes of each ring: two of them per pair and rank. Large enough that a write rarely
 /// waits for the reader, small enough to stay in a shared last-level cache.
-const RING_BYTES: usize = 1 << 20;
+pub(crate) const RING_BYTES: usize = 1 << 20;
+const _: () = assert!(RING_BYTES.is_multiple_of(RING_ALIGN));
 const SHM_DIR: &str = "/dev/shm";
 const OPENED: &[u8] = b"opened";
 

@@ -1,8 +1,8 @@
 //! A one-way byte stream between two processes of one host: a ring buffer in a file under
 //! `/dev/shm`, mapped by both. It stands in for a TCP data connection (`write_all` and
 //! `read_exact` with the same error kinds), but each byte is copied once into the ring and once
-//! out of it, with no kernel copy in between and, for a ring the size of a cache, no trip to
-//! main memory.
+//! out of it (or not at all, when the reader uses it where it lies: `peek`), with no kernel
+//! copy in between and, for a ring the size of a cache, no trip to main memory.
 //!
 //! The writer owns `written`, the reader owns `read`; bytes in `read..written` are the reader's,
 //! the rest of the ring is the writer's. A side that finds nothing to do spins briefly, then
@@ -14,7 +14,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::sync::atomic::Ordering::SeqCst;
-use std::sync::atomic::{AtomicU32, AtomicU64};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64};
 use std::time::{Duration, Instant};
 
 use memmap2::MmapRaw;
@@ -27,6 +27,10 @@ const CONTROL_BYTES: usize = 4096;
 const PIECES: usize = 4;
 /// The smallest ring: each move must be able to carry at least one byte.
 const MIN_CAPACITY: usize = PIECES;
+/// A ring's capacity is a multiple of this, so that a stream whose messages start at multiples
+/// of it (the transport pads them) never has an element split by the ring's end, and bytes
+/// lent in place are aligned for every element type.
+pub(crate) const ALIGN: usize = 8;
 /// Checks of the other side's position before sleeping: enough to catch a peer that is about to
 /// move without a system call, few enough not to steal a core from it.
 const SPINS: u32 = 16;
@@ -60,12 +64,15 @@ struct Control {
 const _: () = assert!(std::mem::size_of::<Control>() <= CONTROL_BYTES);
 
 /// One mapped ring. Either side may hold it; only the writer calls `write_all` and only the
-/// reader `read_exact`.
+/// reader `read_exact` and `peek`.
 pub(crate) struct Ring {
     map: MmapRaw,
     capacity: usize,
     /// Longest wait for the other side before an operation fails with `TimedOut`.
     timeout: Duration,
+    /// This process's reader has bytes lent out (a live [`Held`]): a second lend could release
+    /// bytes the first still shows to the writer.
+    lent: AtomicBool,
 }
 
 impl Ring {
@@ -81,6 +88,10 @@ impl Ring {
     ) -> io::Result<Ring> {
         if capacity < MIN_CAPACITY {
             let why = format!("a ring needs at least {MIN_CAPACITY} bytes, not {capacity}");
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, why));
+        }
+        if !capacity.is_multiple_of(ALIGN) {
+            let why = format!("a ring's capacity must be a multiple of {ALIGN}, not {capacity}");
             return Err(io::Error::new(io::ErrorKind::InvalidInput, why));
         }
         let file = OpenOptions::new()
@@ -120,6 +131,12 @@ impl Ring {
         if len < CONTROL_BYTES + MIN_CAPACITY {
             return Err(invalid(format!("{len} bytes is too short for a ring")));
         }
+        if !(len - CONTROL_BYTES).is_multiple_of(ALIGN) {
+            let capacity = len - CONTROL_BYTES;
+            return Err(invalid(format!(
+                "its capacity {capacity} is not a multiple of {ALIGN}"
+            )));
+        }
         let ring = Ring::map(&file, len - CONTROL_BYTES, timeout)?;
         let control = ring.control();
         if control.magic.0.load(SeqCst) != MAGIC {
@@ -142,6 +159,7 @@ impl Ring {
             map,
             capacity,
             timeout,
+            lent: AtomicBool::new(false),
         })
     }
 
@@ -215,14 +233,21 @@ impl Ring {
             (held.min(self.capacity as u64) as usize).min(to_end)
         };
         let want = min.clamp(1, to_end);
+        assert!(
+            !self.lent.swap(true, SeqCst),
+            "a ring lends one run at a time: release the last one first"
+        );
+        let lent = Lent(&self.lent);
         self.wait(&control.data.0, || run() >= want)?;
         // SAFETY: `start..start + run()` lies in the ring and in the part the writer filled; the
-        // writer does not touch it until `read` moves past it, which only `Held::release` does.
+        // writer does not touch it until `read` moves past it, which only `Held::release` does,
+        // and no other `Held` of this ring is alive to move it (`lent`).
         let bytes = unsafe { std::slice::from_raw_parts(self.data().add(start), run()) };
         Ok(Held {
             ring: self,
             at,
             bytes,
+            _lent: lent,
         })
     }
 
@@ -286,10 +311,22 @@ impl Ring {
 }
 
 /// Bytes the writer put in the ring that the reader has not released, seen where they lie.
+/// Dropped without [`Held::release`], it releases nothing: the next `peek` shows them again.
+#[must_use = "bytes peeked at stay in the ring until they are released"]
 pub(crate) struct Held<'a> {
     ring: &'a Ring,
     at: u64,
     bytes: &'a [u8],
+    _lent: Lent<'a>,
+}
+
+/// Clears a ring's `lent` flag when its `Held` goes, released or not.
+struct Lent<'a>(&'a AtomicBool);
+
+impl Drop for Lent<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, SeqCst);
+    }
 }
 
 impl Held<'_> {
@@ -435,6 +472,15 @@ mod tests {
     }
 
     #[test]
+    #[should_panic(expected = "one run at a time")]
+    fn a_second_peek_while_the_first_is_held_is_refused() {
+        let (writer, reader) = pair("peek-twice", 4096, Duration::from_secs(30));
+        writer.write_all(&[1u8; 100]).expect("write");
+        let _first = reader.peek(1).expect("peek");
+        let _second = reader.peek(1);
+    }
+
+    #[test]
     fn a_reader_with_nothing_to_read_times_out() {
         let (_writer, reader) = pair("timeout", 4096, Duration::from_millis(50));
         let err = reader.read_exact(&mut [0u8; 1]).unwrap_err();
@@ -488,6 +534,16 @@ mod tests {
         let tiny = Ring::create(&path.with_extension("tiny"), 1, 2, 3, timeout).err();
         let tiny = tiny.expect("a 3-byte ring must be refused").to_string();
         assert!(tiny.contains("at least 4 bytes"), "{tiny}");
+        let odd = Ring::create(&path.with_extension("odd"), 1, 2, 4100, timeout).err();
+        let odd = odd
+            .expect("a ring of 4100 bytes must be refused")
+            .to_string();
+        assert!(odd.contains("multiple of 8"), "{odd}");
+        std::fs::write(&path, vec![0u8; CONTROL_BYTES + 4100]).expect("overwrite");
+        let odd = Ring::open(&path, 1, 2, timeout)
+            .err()
+            .expect("an odd capacity");
+        assert!(odd.to_string().contains("multiple of 8"), "{odd}");
         std::fs::write(&path, vec![7u8; 8192]).expect("overwrite");
         let garbage = Ring::open(&path, 1, 2, timeout).err().expect("garbage");
         assert!(garbage.to_string().contains("bad magic"), "{garbage}");
