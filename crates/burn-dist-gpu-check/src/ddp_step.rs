@@ -89,6 +89,39 @@ const WARMUP: usize = 3;
 const ROUNDS: usize = 8;
 const STEPS_PER_ROUND: usize = 4;
 const TOLERANCE: f64 = 1e-6;
+/// How long `ddp-step/zero2` may take (one cold forward and backward of the block, which
+/// compiles and autotunes its kernels) before the timed steps go on without it.
+const ZERO2_DEADLINE: std::time::Duration = std::time::Duration::from_secs(70);
+
+/// The last phase a sub-check reached, logged with the time since it started, so that a check
+/// that never finishes still says where it was.
+#[derive(Clone)]
+struct Progress(std::sync::Arc<std::sync::Mutex<(Instant, &'static str)>>);
+
+impl Default for Progress {
+    fn default() -> Self {
+        Progress(std::sync::Arc::new(std::sync::Mutex::new((
+            Instant::now(),
+            "not started",
+        ))))
+    }
+}
+
+impl Progress {
+    fn reached(&self, phase: &'static str) {
+        let mut last = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        last.1 = phase;
+        eprintln!(
+            "ddp-step/zero2: {phase} after {:.1} s",
+            last.0.elapsed().as_secs_f64()
+        );
+    }
+
+    fn last(&self) -> String {
+        let last = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        format!("{} (at {:.1} s)", last.1, last.0.elapsed().as_secs_f64())
+    }
+}
 
 /// The sub-checks after `ddp-step/init`, each reported whether or not another one failed.
 const AFTER_INIT: [&str; 4] = [
@@ -112,7 +145,7 @@ pub fn run(report: &mut Report, options: &Options) {
     let buckets = burn_dist::BucketConfig::new()
         .with_first_bucket_bytes(FIRST_BUCKET_BYTES)
         .with_bucket_bytes(BUCKET_BYTES);
-    let mut ddp = match join(&device, DdpConfig::new().with_buckets(buckets)) {
+    let mut ddp = match join(&device, DdpConfig::new().with_buckets(buckets.clone())) {
         Ok(ddp) => ddp,
         Err(e) => {
             report.fail("ddp-step/init", e, json!({ "device": options.device }));
@@ -127,14 +160,34 @@ pub fn run(report: &mut Report, options: &Options) {
         Ok(Err(e)) => report.fail("ddp-step/views", e, json!({})),
         Err(panic) => report.fail("ddp-step/views", format!("panicked: {panic}"), json!({})),
     }
-    // ZeRO-2 before the timed steps: the only check of its grouped in-place reduction on the
-    // device must not be the line a timeout cuts. `measure` prepares its own models, and
-    // `Ddp::prepare` registers them afresh, which ends the sharding (`Reducer::register`;
-    // burn-dist-zero's test `preparing_again_ends_the_gradient_sharding`).
-    match guarded(|| zero2(&mut ddp, &device)) {
-        Ok(Ok((status, fields))) => report.line("ddp-step/zero2", status, fields),
-        Ok(Err(e)) => report.fail("ddp-step/zero2", e, json!({})),
-        Err(panic) => report.fail("ddp-step/zero2", format!("panicked: {panic}"), json!({})),
+    // ZeRO-2 before the timed steps, on a thread of its own with its own `Ddp` and a
+    // deadline: the first H200 run (2026-12-04) wrote no zero2 line within the check's limit,
+    // and neither a slow nor a stuck zero2 may cost the timed line. Its phases go to the log.
+    let progress = Progress::default();
+    let watched = progress.clone();
+    let (done, result) = std::sync::mpsc::channel();
+    let zero2_device = device.clone();
+    std::thread::spawn(move || {
+        let outcome = guarded(|| {
+            let mut ddp = join(&zero2_device, DdpConfig::new().with_buckets(buckets))?;
+            zero2(&mut ddp, &zero2_device, &watched)
+        });
+        // The receiver may have stopped waiting (the deadline passed): nothing to tell then.
+        let _ = done.send(outcome);
+    });
+    match result.recv_timeout(ZERO2_DEADLINE) {
+        Ok(Ok(Ok((status, fields)))) => report.line("ddp-step/zero2", status, fields),
+        Ok(Ok(Err(e))) => report.fail("ddp-step/zero2", e, json!({})),
+        Ok(Err(panic)) => report.fail("ddp-step/zero2", format!("panicked: {panic}"), json!({})),
+        Err(_) => report.fail(
+            "ddp-step/zero2",
+            format!(
+                "no result within {} s; the last phase it reached: {}",
+                ZERO2_DEADLINE.as_secs(),
+                progress.last()
+            ),
+            json!({ "phase": progress.last() }),
+        ),
     }
     match guarded(|| measure(report, &mut ddp, &device)) {
         Ok(Ok((status, fields))) => report.line("ddp-step", status, fields),
@@ -451,10 +504,16 @@ fn measure(
 
 /// ZeRO-2 on the device path at world size 1, on a fresh pair of models: the shard is every
 /// reduced gradient.
-fn zero2(ddp: &mut Ddp, device: &CudaDevice) -> Result<(Status, Fields), String> {
+fn zero2(
+    ddp: &mut Ddp,
+    device: &CudaDevice,
+    progress: &Progress,
+) -> Result<(Status, Fields), String> {
+    progress.reached("joined");
     let ddp_model = ddp
         .prepare(CONFIG.model::<B>(device))
         .map_err(|e| e.to_string())?;
+    progress.reached("prepared");
     let plain_model: TransformerBlock<B> = CONFIG.model::<B>(device);
     let numels: Vec<usize> = ddp.params().iter().map(|p| p.numel()).collect();
     let flat = FlatLayout::new(&numels, 1, 4);
@@ -468,12 +527,18 @@ fn zero2(ddp: &mut Ddp, device: &CudaDevice) -> Result<(Status, Fields), String>
         |model: &TransformerBlock<B>| (model.forward(x.clone()) - y.clone()).powi_scalar(2).mean();
 
     let start = Instant::now();
-    ddp.backward(loss(&ddp_model), &ddp_model)
+    let ddp_loss = loss(&ddp_model);
+    <Inner as Backend>::sync(device).map_err(|e| format!("{e:?}"))?;
+    progress.reached("forward done");
+    ddp.backward(ddp_loss, &ddp_model)
         .map_err(|e| e.to_string())?;
+    progress.reached("backward done (gradients reduce-scattered)");
     let shard = ddp.take_gradient_shard().map_err(|e| e.to_string())?;
+    progress.reached("shard read to the host");
     let seconds = start.elapsed().as_secs_f64();
     let grads = GradientsParams::from_grads(loss(&plain_model).backward(), &plain_model);
     let plain = flat_gradients(&plain_model, &grads);
+    progress.reached("plain gradients read");
 
     let reduced = &shard.values[..flat.total.min(shard.values.len())];
     let bitwise = reduced.len() == plain.len()
