@@ -46,7 +46,21 @@ pub trait DeviceCollectives<R: Runtime>: Send + Sync {
     /// All-gather in place, of uneven chunks: `slice` is cut into `counts` as in
     /// [`DeviceCollectives::reduce_scatter`]; this rank's chunk is its contribution, and
     /// afterwards every chunk holds its owner's.
-    fn all_gather(&self, slice: &DeviceSlice<R>, counts: &[usize]) -> Result<DevicePending>;
+    fn all_gather(&self, slice: &DeviceSlice<R>, counts: &[usize]) -> Result<DevicePending> {
+        self.all_gather_each(&[(slice.clone(), counts.to_vec())], 0)
+    }
+
+    /// [`DeviceCollectives::all_gather`] of every `(slice, counts)` of `parts` (all of one
+    /// dtype), as one collective: one NCCL group, or one host all-gather whose rank-`q` chunk
+    /// is rank `q`'s chunks of every part, in part order; one wait. ZeroAdam gathers a group of
+    /// new parameters, and ZeRO stage 3 a unit of adjacent parameters, each into a buffer of
+    /// its own, with it. `tag` names what is gathered to the peers where the transport carries
+    /// it (the host communicator's message headers; NCCL carries none).
+    fn all_gather_each(
+        &self,
+        parts: &[(DeviceSlice<R>, Vec<usize>)],
+        tag: u32,
+    ) -> Result<DevicePending>;
 
     /// Every rank's `slice` gets `root`'s.
     fn broadcast(&self, slice: &DeviceSlice<R>, root: usize) -> Result<DevicePending>;

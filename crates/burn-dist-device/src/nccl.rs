@@ -152,18 +152,22 @@ impl DeviceCollectives<CudaRuntime> for NcclCollectives {
         self.group(OP, calls)
     }
 
-    fn all_gather(
+    fn all_gather_each(
         &self,
-        slice: &DeviceSlice<CudaRuntime>,
-        counts: &[usize],
+        parts: &[(DeviceSlice<CudaRuntime>, Vec<usize>)],
+        _tag: u32,
     ) -> Result<DevicePending> {
         const OP: &str = "device all_gather";
-        let chunks = chunk_ranges(counts, self.comm.world_size(), slice.len, self.rank(), OP)?;
-        let calls = chunks
-            .into_iter()
-            .enumerate()
-            .map(|(root, chunk)| (slice.range(chunk), InPlaceOp::Broadcast { root }))
-            .collect();
+        let mut calls = Vec::new();
+        for (slice, counts) in parts {
+            let chunks = chunk_ranges(counts, self.comm.world_size(), slice.len, self.rank(), OP)?;
+            calls.extend(
+                chunks
+                    .into_iter()
+                    .enumerate()
+                    .map(|(root, chunk)| (slice.range(chunk), InPlaceOp::Broadcast { root })),
+            );
+        }
         self.group(OP, calls)
     }
 

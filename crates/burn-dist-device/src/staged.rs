@@ -22,12 +22,36 @@ use crate::traffic::TrafficCounter;
 pub struct StagedCollectives {
     comm: Arc<HostCommunicator>,
     traffic: Arc<TrafficCounter>,
+    /// Whether the collectives run on `comm`'s gather lane (`HostCommunicator::gather_lane`).
+    gather_lane: bool,
 }
 
 impl StagedCollectives {
     /// Collectives staged through `comm`, counting their host traffic in `traffic`.
     pub fn new(comm: Arc<HostCommunicator>, traffic: Arc<TrafficCounter>) -> Self {
-        StagedCollectives { comm, traffic }
+        StagedCollectives {
+            comm,
+            traffic,
+            gather_lane: false,
+        }
+    }
+
+    /// Collectives staged through `comm`'s gather lane (its main lane when it has none), so
+    /// that they never wait behind the main lane's: ZeRO stage 3's parameter gathers.
+    pub fn on_gather_lane(comm: Arc<HostCommunicator>, traffic: Arc<TrafficCounter>) -> Self {
+        StagedCollectives {
+            comm,
+            traffic,
+            gather_lane: true,
+        }
+    }
+
+    /// The lane these collectives run on.
+    fn comm(&self) -> &HostCommunicator {
+        match self.gather_lane {
+            true => self.comm.gather_lane(),
+            false => &self.comm,
+        }
     }
 
     /// After `pending`, writes each `(slice, from, to)`: elements `from` of its result into
@@ -37,7 +61,7 @@ impl StagedCollectives {
         pending: Pending<HostBuffer>,
         writes: Vec<(DeviceSlice<R>, Range<usize>, Range<usize>)>,
     ) -> DevicePending {
-        let (traffic, rank) = (self.traffic.clone(), self.comm.rank());
+        let (traffic, rank) = (self.traffic.clone(), self.comm().rank());
         self.traffic.call();
         DevicePending::new(move || {
             let result = pending.wait()?;
@@ -62,16 +86,16 @@ fn concat(buffers: &[HostBuffer]) -> HostBuffer {
 
 impl<R: Runtime> DeviceCollectives<R> for StagedCollectives {
     fn rank(&self) -> usize {
-        self.comm.rank()
+        self.comm().rank()
     }
 
     fn world_size(&self) -> usize {
-        self.comm.world_size()
+        self.comm().world_size()
     }
 
     fn all_reduce(&self, slices: &[DeviceSlice<R>], op: ReduceOp) -> Result<DevicePending> {
         const OP: &str = "device all_reduce";
-        let rank = self.comm.rank();
+        let rank = self.comm().rank();
         if let Some(first) = slices.first()
             && let Some(other) = slices.iter().find(|s| s.dtype != first.dtype)
         {
@@ -89,7 +113,7 @@ impl<R: Runtime> DeviceCollectives<R> for StagedCollectives {
             .iter()
             .map(|s| download(s, &self.traffic, rank))
             .collect::<Result<Vec<_>>>()?;
-        let pending = self.comm.all_reduce(concat(&parts), op);
+        let pending = self.comm().all_reduce(concat(&parts), op);
         let mut at = 0;
         let writes = slices
             .iter()
@@ -108,11 +132,13 @@ impl<R: Runtime> DeviceCollectives<R> for StagedCollectives {
         op: ReduceOp,
     ) -> Result<DevicePending> {
         const OP: &str = "device reduce_scatter";
-        let (rank, world) = (self.comm.rank(), self.comm.world_size());
+        let (rank, world) = (self.comm().rank(), self.comm().world_size());
         let chunks = chunk_ranges(counts, world, slice.len, rank, OP)?;
         slice.check(rank, OP)?;
         let local = download(slice, &self.traffic, rank)?;
-        let pending = self.comm.reduce_scatter_counts(local, op, counts.to_vec());
+        let pending = self
+            .comm()
+            .reduce_scatter_counts(local, op, counts.to_vec());
         let mine = chunks[rank].clone();
         Ok(self.write_back(pending, vec![(slice.clone(), 0..mine.len(), mine)]))
     }
@@ -123,7 +149,7 @@ impl<R: Runtime> DeviceCollectives<R> for StagedCollectives {
         op: ReduceOp,
     ) -> Result<DevicePending> {
         const OP: &str = "device reduce_scatter_each";
-        let (rank, world) = (self.comm.rank(), self.comm.world_size());
+        let (rank, world) = (self.comm().rank(), self.comm().world_size());
         let Some((first, _)) = parts.first() else {
             return Ok(DevicePending::new(|| Ok(())));
         };
@@ -168,29 +194,58 @@ impl<R: Runtime> DeviceCollectives<R> for StagedCollectives {
         Ok(self.write_back(pending, writes))
     }
 
-    fn all_gather(&self, slice: &DeviceSlice<R>, counts: &[usize]) -> Result<DevicePending> {
+    fn all_gather_each(
+        &self,
+        parts: &[(DeviceSlice<R>, Vec<usize>)],
+        tag: u32,
+    ) -> Result<DevicePending> {
         const OP: &str = "device all_gather";
-        let (rank, world) = (self.comm.rank(), self.comm.world_size());
-        let chunks = chunk_ranges(counts, world, slice.len, rank, OP)?;
-        slice.check(rank, OP)?;
-        // The host all-gather takes equal chunks: each rank's is padded to the largest count.
-        let widest = counts.iter().copied().max().unwrap_or(0);
-        let own = download(&slice.range(chunks[rank].clone()), &self.traffic, rank)?;
-        let mut padded = HostBuffer::zeros(slice.dtype.host(), widest);
-        padded.as_bytes_mut()[..own.as_bytes().len()].copy_from_slice(own.as_bytes());
-        let pending = self.comm.all_gather(padded, widest * world);
-        let others = chunks
-            .into_iter()
-            .enumerate()
-            .filter(|(q, chunk)| *q != rank && !chunk.is_empty())
-            .map(|(q, chunk)| (slice.clone(), q * widest..q * widest + chunk.len(), chunk))
+        let (rank, world) = (self.comm().rank(), self.comm().world_size());
+        let Some((first, _)) = parts.first() else {
+            return Ok(DevicePending::new(|| Ok(())));
+        };
+        let mut chunks = Vec::with_capacity(parts.len());
+        let mut own = Vec::with_capacity(parts.len());
+        for (slice, counts) in parts {
+            if slice.dtype != first.dtype {
+                return Err(DeviceError::MixedDTypes {
+                    rank,
+                    op: OP,
+                    first: first.dtype,
+                    other: slice.dtype,
+                });
+            }
+            let ranges = chunk_ranges(counts, world, slice.len, rank, OP)?;
+            slice.check(rank, OP)?;
+            own.push(download(
+                &slice.range(ranges[rank].clone()),
+                &self.traffic,
+                rank,
+            )?);
+            chunks.push(ranges);
+        }
+        // Rank q's chunk of the host all-gather: its chunks of every part, in part order.
+        let counts: Vec<usize> = (0..world)
+            .map(|q| chunks.iter().map(|ranges| ranges[q].len()).sum())
             .collect();
-        Ok(self.write_back(pending, others))
+        let pending = self.comm().all_gather_counts(concat(&own), counts, tag);
+        let mut writes = Vec::new();
+        let mut at = 0;
+        for q in 0..world {
+            for ((slice, _), ranges) in parts.iter().zip(&chunks) {
+                let chunk = ranges[q].clone();
+                if q != rank && !chunk.is_empty() {
+                    writes.push((slice.clone(), at..at + chunk.len(), chunk.clone()));
+                }
+                at += chunk.len();
+            }
+        }
+        Ok(self.write_back(pending, writes))
     }
 
     fn broadcast(&self, slice: &DeviceSlice<R>, root: usize) -> Result<DevicePending> {
         const OP: &str = "device broadcast";
-        let (rank, world) = (self.comm.rank(), self.comm.world_size());
+        let (rank, world) = (self.comm().rank(), self.comm().world_size());
         if root >= world {
             return Err(DeviceError::Root {
                 rank,
@@ -205,7 +260,7 @@ impl<R: Runtime> DeviceCollectives<R> for StagedCollectives {
         } else {
             HostBuffer::zeros(slice.dtype.host(), slice.len)
         };
-        let pending = self.comm.broadcast(local, root);
+        let pending = self.comm().broadcast(local, root);
         let back = if rank == root {
             Vec::new()
         } else {

@@ -275,6 +275,59 @@ fn all_gather_of_uneven_chunks_gives_every_rank_every_owners_chunk() {
 }
 
 #[test]
+fn all_gather_each_is_one_call_that_fills_each_slice_with_its_owners_chunks() {
+    for world in 1..=4 {
+        let counts_a: Vec<usize> = (0..world).map(|q| 40 + 3 * q).collect();
+        // Rank 1 owns nothing of the second slice: an empty chunk in the middle.
+        let counts_b: Vec<usize> = (0..world).map(|q| if q == 1 { 0 } else { 7 + q }).collect();
+        let (na, nb) = (counts_a.iter().sum(), counts_b.iter().sum());
+        let (len, a, b) = layout(na, nb);
+        let inputs: Vec<HostBuffer> = (0..world)
+            .map(|q| rank_data(DType::F32, len, 13, q))
+            .collect();
+        let chunk = |slice: &Range<usize>, counts: &[usize], q: usize| {
+            let start: usize = counts[..q].iter().sum();
+            slice.start + start..slice.start + start + counts[q]
+        };
+        let results = ranks(world, |rank| {
+            let whole = rank.buffer(&inputs[rank.rank], DeviceDType::F32);
+            let parts = [
+                (whole.range(a.clone()), counts_a.clone()),
+                (whole.range(b.clone()), counts_b.clone()),
+            ];
+            let counter = DeviceCollectives::<WgpuRuntime>::traffic(&rank.collectives).clone();
+            rank.collectives
+                .all_gather_each(&parts, 7)
+                .expect("issue")
+                .wait()
+                .expect("all_gather_each");
+            (rank.read(&whole), rank.traffic(), counter.calls())
+        });
+        for (q, (out, traffic, calls)) in results.into_iter().enumerate() {
+            let mut expected = inputs[q].clone();
+            for (slice, counts) in [(&a, &counts_a), (&b, &counts_b)] {
+                for (owner, input) in inputs.iter().enumerate() {
+                    let at = chunk(slice, counts, owner);
+                    expected.as_bytes_mut()[4 * at.start..4 * at.end]
+                        .copy_from_slice(input.slice(at).as_bytes());
+                }
+            }
+            assert_eq!(out, expected, "world {world} rank {q}");
+            let own = 4 * (counts_a[q] + counts_b[q]) as u64;
+            assert_eq!(
+                traffic,
+                Traffic {
+                    to_host: own,
+                    to_device: 4 * (na + nb) as u64 - own,
+                },
+                "world {world} rank {q}: its own chunks down, the others' up"
+            );
+            assert_eq!(calls, 1, "world {world} rank {q}: one collective");
+        }
+    }
+}
+
+#[test]
 fn broadcast_gives_every_rank_the_roots_slice_and_reads_only_on_the_root() {
     let world = 3;
     let (len, slice, _) = layout(300, 0);

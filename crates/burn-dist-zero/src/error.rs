@@ -62,8 +62,12 @@ pub enum ZeroError {
          at its default"
     )]
     Stage3Align { align: usize, model_align: usize },
-    /// The device path does not run stage 3 yet.
-    #[error("ZeRO stage 3 runs on the host path; `ZeroAdam::on_device` is not built for it yet")]
+    /// `ZeroAdam::on_device` at stage 3 with a model whose pieces are in host memory.
+    #[error(
+        "ZeroAdam::on_device at stage 3 needs the model's pieces in device memory: prepare the \
+         model (`Ddp::prepare_sharded`) with a `Ddp` on the device path (`Ddp::init_staged`, \
+         `Ddp::init_nccl`), or keep ZeroAdam on the host"
+    )]
     Stage3OnDevice,
     /// `ZeroAdam::on_device` with a `Ddp` that is not on the device path of that runtime.
     #[error(

@@ -1,8 +1,14 @@
 //! ZeroAdam's state and step in device memory (feature `device`): the fp32 master weights, the
 //! moments and the gradient shard live in buffers of the model's runtime; the fused kernels of
 //! `burn-dist-kernels` update them in place; the new parameters are all-gathered device to
-//! device, in the model's dtype, by the reducer's device collectives, and become the model's
-//! tensors without a copy through the host.
+//! device, in the model's dtype, by the reducer's device collectives, a group of parameters at
+//! a time straight into one fresh buffer each, which becomes the model's tensor: no buffer of
+//! the whole flat parameter vector exists, and the old parameters are released group by group
+//! as the model takes the new ones.
+//!
+//! At stage 3 the model's pieces are the shard itself (`ParamShards::device_shard`): in f32 the
+//! fused step updates them in place as its master weights, otherwise it writes its rounded
+//! model copy into them; nothing is gathered after the step (the next forward gathers).
 //!
 //! Per step only scalars cross to the host: the shard's (sum of squares, found-inf) down, the
 //! agreed totals, `1 / loss_scale` and the step's hyper-parameters up. The gradient shard is
@@ -18,10 +24,11 @@ use std::sync::Arc;
 
 use burn::tensor::{DType, Shape};
 use burn_cubecl::cubecl::Runtime;
+use burn_cubecl::cubecl::server::Handle;
 use burn_cubecl::tensor::CubeTensor;
 use burn_dist::CubeResident;
 use burn_dist_device::{
-    DeviceCollectives, DeviceDType, DeviceSlice, Traffic, TrafficCounter, copy,
+    DeviceCollectives, DeviceDType, DeviceSlice, Traffic, TrafficCounter, copy, upload_into,
 };
 use burn_dist_kernels::{FusedAdam, Hyper, ModelDtype, StepBuffers};
 
@@ -43,19 +50,24 @@ pub(crate) trait ResidentState: Send {
     fn check(&mut self, inv_scale: f32) -> Result<(bool, f64)>;
     /// With every rank's agreed (found_inf, total sum of squares): finalize and update.
     fn update(&mut self, found_inf: bool, total_sum_sq: f64, hyper: Hyper) -> Result<()>;
-    /// All-gathers the updated parameters (model dtype) over ranks, device to device.
-    fn gather(&mut self) -> Result<()>;
-    /// Parameter `p`'s new values as a float primitive of the backend, of `shape`.
-    fn parameter(&self, p: usize, shape: Shape) -> Box<dyn Any>;
+    /// Parameter `p`'s new values (model dtype) as a float primitive of the backend, of
+    /// `shape`, all-gathered over ranks device to device with the parameters after it that fit
+    /// in one group, when it is not in the group gathered last. Ask in parameter order: every
+    /// rank issues the same gathers.
+    fn parameter(&mut self, p: usize, shape: Shape) -> Result<Box<dyn Any>>;
     /// (master, m, v), read back (checkpoints).
     fn state(&self) -> [Vec<f32>; 3];
     /// Replaces the state (a checkpoint's), with `steps_taken` steps already counted.
-    fn load(&mut self, master: &[f32], m: &[f32], v: &[f32], steps_taken: u32);
+    fn load(&mut self, master: &[f32], m: &[f32], v: &[f32], steps_taken: u32) -> Result<()>;
     /// Bytes between host and device so far (the collectives' and the step's scalars).
     fn traffic(&self) -> Traffic;
     /// What runs it, for messages.
     fn name(&self) -> String;
 }
+
+/// Where the stage-3 model's pieces are, for [`Resident::new`]: the shard buffer of
+/// `ParamShards::device_shard`, in the parameters' dtype.
+pub(crate) struct Stage3Pieces(pub(crate) Handle);
 
 /// ZeroAdam's device state on backend `B`.
 pub(crate) struct Resident<B: CubeResident> {
@@ -65,13 +77,23 @@ pub(crate) struct Resident<B: CubeResident> {
     device: <B::Runtime as Runtime>::Device,
     layout: FlatLayout,
     rank: usize,
-    /// The parameters' dtype (one for the whole model) and the all-gather buffer of the flat
-    /// parameter vector in it.
+    /// The parameters' dtype (one for the whole model) and its device type.
     dtype: DType,
-    flat: DeviceSlice<B::Runtime>,
+    device_dtype: DeviceDType,
+    /// This rank's pieces of the flat layout.
+    pieces: Vec<Piece>,
+    /// Bytes of new parameters gathered at once (at least one parameter).
+    group_bytes: usize,
+    /// The group gathered last, not yet handed to the model: (parameter, its buffer).
+    gathered: Vec<(usize, Handle)>,
+    /// Stage 3: the model's pieces are the shard buffer (master weights in f32, the model
+    /// copy otherwise), which `load` must write in place.
+    stage3: bool,
 }
 
 impl<B: CubeResident> Resident<B> {
+    /// `group_bytes`: how many bytes of new parameters one all-gather brings (the reducer's
+    /// bucket size); `stage3`: the model's pieces, which the step then updates in place.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         collectives: Arc<dyn DeviceCollectives<B::Runtime>>,
@@ -83,6 +105,8 @@ impl<B: CubeResident> Resident<B> {
         v: &[f32],
         steps_taken: u32,
         decays: &[bool],
+        group_bytes: usize,
+        stage3: Option<Stage3Pieces>,
     ) -> Result<Self> {
         let device = B::cube_device(device);
         let client = B::Runtime::client(&device);
@@ -108,21 +132,83 @@ impl<B: CubeResident> Resident<B> {
                 ),
             });
         }
-        let zeros = vec![0.0; master.len()];
+        // Stage 3 in f32: the pieces are the master weights, stepped in place with no copy.
+        let model_dtype = match (&stage3, model_dtype) {
+            (Some(_), ModelDtype::F32) => ModelDtype::None,
+            (_, dtype) => dtype,
+        };
+        let zeros = vec![0.0; m.len()];
+        let master = if master.is_empty() { &zeros } else { master };
         let mut buffers = fused.upload(master, m, v, steps_taken, &zeros, 1.0, model_dtype);
         fused.set_decay_mask(&mut buffers, decays);
-        let flat_bytes = layout.padded_len() * flat_dtype.size();
-        let flat = DeviceSlice::whole(client.clone(), client.empty(flat_bytes), flat_dtype);
+        if let Some(Stage3Pieces(pieces)) = &stage3 {
+            match model_dtype {
+                ModelDtype::None => buffers.master = pieces.clone(),
+                _ => buffers.model = pieces.clone(),
+            }
+        }
+        let rank = collectives.rank();
         Ok(Resident {
-            rank: collectives.rank(),
+            rank,
             fused,
             buffers,
             collectives,
             device,
+            pieces: layout.pieces(rank),
             layout,
             dtype,
-            flat,
+            device_dtype: flat_dtype,
+            group_bytes,
+            gathered: Vec::new(),
+            stage3: stage3.is_some(),
         })
+    }
+
+    /// All-gathers the new values of parameter `first` and of the ones after it that fit in
+    /// `group_bytes`, each into a fresh buffer: this rank's pieces copied from the model copy
+    /// of the shard, the other ranks' by one collective.
+    fn gather_group(&mut self, first: usize) -> Result<()> {
+        let elem = self.device_dtype.size();
+        let numels = &self.layout.numels;
+        let mut end = first;
+        let mut bytes = 0;
+        while end < numels.len() && (end == first || bytes + numels[end] * elem <= self.group_bytes)
+        {
+            bytes += numels[end] * elem;
+            end += 1;
+        }
+        let model = DeviceSlice::new(
+            self.client().clone(),
+            self.buffers.model.clone(),
+            0,
+            self.layout.shard_len,
+            self.device_dtype,
+        );
+        let mut parts = Vec::with_capacity(end - first);
+        for (p, &numel) in numels.iter().enumerate().take(end).skip(first) {
+            let handle = self.client().empty((numel * elem).max(elem));
+            let slice =
+                DeviceSlice::new(self.client().clone(), handle, 0, numel, self.device_dtype);
+            for piece in self.pieces.iter().filter(|piece| piece.param == p) {
+                copy(
+                    &model.range(piece.in_shard.clone()),
+                    &slice.range(piece.within.clone()),
+                    self.rank,
+                )?;
+            }
+            let range = self.layout.param_range(p);
+            let counts = (0..self.layout.world)
+                .map(|q| self.layout.in_shard(range.clone(), q).len())
+                .collect();
+            parts.push((slice, counts));
+        }
+        let tag = u32::try_from(first + 1).expect("fewer than 2^32 parameters");
+        self.collectives.all_gather_each(&parts, tag)?.wait()?;
+        self.gathered = (first..end)
+            .zip(parts)
+            .map(|(p, (slice, _))| (p, slice.handle))
+            .collect();
+        Ok(())
     }
 
     fn counter(&self) -> &TrafficCounter {
@@ -219,38 +305,23 @@ impl<B: CubeResident> ResidentState for Resident<B> {
         Ok(())
     }
 
-    fn gather(&mut self) -> Result<()> {
-        let shard = self.layout.shard(self.rank);
-        let model = DeviceSlice::new(
+    fn parameter(&mut self, p: usize, shape: Shape) -> Result<Box<dyn Any>> {
+        let at = match self.gathered.iter().position(|(q, _)| *q == p) {
+            Some(at) => at,
+            None => {
+                self.gather_group(p)?;
+                0
+            }
+        };
+        let (_, handle) = self.gathered.remove(at);
+        let tensor = CubeTensor::new_contiguous(
             self.client().clone(),
-            self.buffers.model.clone(),
-            0,
-            self.layout.shard_len,
-            self.flat.dtype,
+            self.device.clone(),
+            shape,
+            handle,
+            self.dtype,
         );
-        copy(&model, &self.flat.range(shard), self.rank)?;
-        let counts = vec![self.layout.shard_len; self.layout.world];
-        self.collectives.all_gather(&self.flat, &counts)?.wait()?;
-        Ok(())
-    }
-
-    fn parameter(&self, p: usize, shape: Shape) -> Box<dyn Any> {
-        let range = self.layout.param_range(p);
-        let bytes = range.len() * self.flat.dtype.size();
-        let client = self.client().clone();
-        let handle = client.empty(bytes.max(1));
-        let target = DeviceSlice::new(
-            client.clone(),
-            handle.clone(),
-            0,
-            range.len(),
-            self.flat.dtype,
-        );
-        copy(&self.flat.range(range), &target, self.rank)
-            .expect("a parameter's range lies inside the flat buffer it was laid out in");
-        let tensor =
-            CubeTensor::new_contiguous(client, self.device.clone(), shape, handle, self.dtype);
-        Box::new(B::from_cube(tensor))
+        Ok(Box::new(B::from_cube(tensor)))
     }
 
     fn state(&self) -> [Vec<f32>; 3] {
@@ -258,15 +329,30 @@ impl<B: CubeResident> ResidentState for Resident<B> {
         [b.master.clone(), b.m.clone(), b.v.clone()].map(|h| self.fused.read_f32(&h))
     }
 
-    fn load(&mut self, master: &[f32], m: &[f32], v: &[f32], steps_taken: u32) {
+    fn load(&mut self, master: &[f32], m: &[f32], v: &[f32], steps_taken: u32) -> Result<()> {
         let zeros = vec![0.0; master.len()];
         let model_dtype = self.buffers.model_dtype;
+        let old = std::mem::replace(
+            &mut self.buffers,
+            self.fused
+                .upload(master, m, v, steps_taken, &zeros, 1.0, model_dtype),
+        );
         // The decay mask is the layout's and the rule's, not the state's: it stays.
-        let decay_mask = self.buffers.decay_mask.take();
-        self.buffers = self
-            .fused
-            .upload(master, m, v, steps_taken, &zeros, 1.0, model_dtype);
-        self.buffers.decay_mask = decay_mask;
+        self.buffers.decay_mask = old.decay_mask;
+        if self.stage3 {
+            // The model's pieces keep their buffer: in f32 they are the master weights, written
+            // in place; otherwise the caller writes the rounded master into them.
+            match model_dtype {
+                ModelDtype::None => {
+                    let pieces = self.f32_buffer(&old.master);
+                    let values = burn_dist_comm::HostBuffer::F32(master.to_vec());
+                    upload_into(&pieces, &values, self.counter(), self.rank)?;
+                    self.buffers.master = old.master;
+                }
+                _ => self.buffers.model = old.model,
+            }
+        }
+        Ok(())
     }
 
     fn traffic(&self) -> Traffic {
@@ -329,10 +415,14 @@ impl<B: burn::tensor::backend::AutodiffBackend> burn::module::ModuleVisitor<B>
     }
 }
 
-/// Replaces every parameter with its all-gathered new values, from device memory.
+/// Replaces every parameter with its all-gathered new values, from device memory, a group at
+/// a time (each old parameter is dropped as its new one takes its place).
 pub(crate) struct WriteDeviceParams<'a, B: burn::tensor::backend::AutodiffBackend> {
     pub(crate) params: &'a [burn_dist::ParamInfo],
-    pub(crate) device: &'a dyn ResidentState,
+    pub(crate) device: &'a mut dyn ResidentState,
+    /// The first failure (a mapper cannot return one); the parameters after it keep their
+    /// old values.
+    pub(crate) error: Option<ZeroError>,
     pub(crate) _b: std::marker::PhantomData<B>,
 }
 
@@ -347,8 +437,17 @@ impl<B: burn::tensor::backend::AutodiffBackend> burn::module::ModuleMapper<B>
         let Some(index) = self.params.iter().position(|p| p.id == param.id) else {
             return param;
         };
+        if self.error.is_some() {
+            return param;
+        }
         let (id, tensor, mapper) = param.consume();
-        let primitive = self.device.parameter(index, tensor.shape());
+        let primitive = match self.device.parameter(index, tensor.shape()) {
+            Ok(primitive) => primitive,
+            Err(error) => {
+                self.error = Some(error);
+                return burn::module::Param::from_mapped_value(id, tensor, mapper);
+            }
+        };
         // The gradients were this backend's (`gradient_piece` checked their type), so are the
         // parameters.
         let primitive = *primitive

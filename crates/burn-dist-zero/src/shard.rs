@@ -180,9 +180,13 @@ impl Shard {
         ddp: &Ddp,
         device: &D::Device,
     ) -> Result<()> {
-        if self.shards.is_some() {
-            return Err(ZeroError::Stage3OnDevice);
-        }
+        // Stage 3: the step updates the model's pieces in device memory, where they must be.
+        let stage3 = match &self.shards {
+            Some(shards) => Some(crate::resident::Stage3Pieces(
+                shards.device_shard().ok_or(ZeroError::Stage3OnDevice)?.0,
+            )),
+            None => None,
+        };
         let collectives =
             ddp.device_collectives::<D::Runtime>()
                 .ok_or_else(|| ZeroError::NotOnDevicePath {
@@ -208,6 +212,8 @@ impl Shard {
             &self.v,
             steps,
             &self.element_decays(),
+            ddp.bucket_config().bucket_bytes,
+            stage3,
         )?;
         tracing::info!(device = %resident.name(), "ZeroAdam state moved to the device");
         self.device = Some(Box::new(resident));
@@ -282,7 +288,16 @@ impl Shard {
             // Checked before anything changes.
             let steps = self.uniform_step_count(&shard.time)?;
             if let Some(device) = self.device.as_mut() {
-                device.load(&shard.master, &shard.m, &shard.v, steps);
+                device.load(&shard.master, &shard.m, &shard.v, steps)?;
+            }
+            // Stage 3 below f32: the model's pieces are the master weights, rounded (in f32
+            // the load wrote them in place).
+            if let Some(shards) = &self.shards
+                && shards
+                    .device_shard()
+                    .is_some_and(|(_, dtype)| dtype != burn::tensor::DType::F32)
+            {
+                shards.write_shard(&shard.master);
             }
             self.time = shard.time;
             self.skipped = shard.skipped;
@@ -319,12 +334,12 @@ impl Shard {
         sync: &SyncHandle,
         inv_scale: f32,
     ) -> Result<(M, StepReport)> {
+        if let Some(shards) = &self.shards {
+            shards.check_model(&model)?;
+        }
         #[cfg(feature = "device")]
         if self.device.is_some() {
             return self.step_on_device::<B, M>(lr, model, grads, sync, inv_scale);
-        }
-        if let Some(shards) = &self.shards {
-            shards.check_model(&model)?;
         }
         // 1. This rank's shard of the gradient.
         let (mut grad, present, has_grad) = if self.config.stage >= 2 {
@@ -502,19 +517,29 @@ impl Shard {
             max_norm: self.config.max_grad_norm,
         };
         device.update(report.skipped, total_sum_sq, hyper)?;
+        // 4. Stage 3: the step wrote the model's pieces in place; the next forward gathers.
+        if let Some(shards) = &self.shards {
+            shards.pieces_changed();
+            let model = model.map(&mut FreshLeaves { shards });
+            return Ok((mark_for_sync(model), report));
+        }
         if report.skipped {
             // Nothing changed, and the kernels wrote no model copy (before a first step that
             // was not skipped there is none to gather).
             return Ok((mark_for_sync(model), report));
         }
-        // 4. Every rank's new parameters, device to device, into the model.
-        device.gather()?;
-        let model = model.map(&mut crate::resident::WriteDeviceParams::<B> {
+        // 4. Every rank's new parameters, device to device, into the model, a group at a time.
+        let mut write = crate::resident::WriteDeviceParams::<B> {
             params: &self.params,
-            device: &*device,
+            device,
+            error: None,
             _b: Default::default(),
-        });
-        Ok((mark_for_sync(model), report))
+        };
+        let model = model.map(&mut write);
+        match write.error {
+            Some(error) => Err(error),
+            None => Ok((mark_for_sync(model), report)),
+        }
     }
 
     /// Every rank's (found_inf, sum of squares), gathered and folded in rank order in f64, so

@@ -130,9 +130,10 @@ fn device_step_equals_the_host_path_and_burn_adamw_at_stages_1_and_2() {
 /// writes every reduced gradient back up, at stage 2 only this rank's pieces, which it adds
 /// into its device shard. ZeroAdam moves its scalars (down: the shard's sum of squares and
 /// found-inf; up: `1 / scale`, the agreed totals and nine hyper-parameters), and the
-/// all-gather stages this rank's shard down and the others' up. Nothing else crosses: the
-/// gradient shard is copied on the device (stage 1) or is the reducer's device shard (stage
-/// 2), and the parameters come from device memory.
+/// all-gather of the new parameters stages this rank's pieces of them down and the others'
+/// pieces up (padding never moves: each parameter is gathered into a buffer of its own).
+/// Nothing else crosses: the gradient shard is copied on the device (stage 1) or is the
+/// reducer's device shard (stage 2), and the parameters come from device memory.
 #[test]
 fn device_step_moves_only_scalars_besides_what_the_staging_must() {
     let reference = train(1, &BurnAdamW).remove(0);
@@ -142,15 +143,14 @@ fn device_step_moves_only_scalars_besides_what_the_staging_must() {
     let (scalars_down, scalars_up) = (8, 4 + 8 + 36);
     for (stage, world) in [(1, 1), (1, 3), (2, 1), (2, 3)] {
         let flat = FlatLayout::new(&numels, world, 4);
-        let shard_bytes = 4 * flat.shard_len as u64;
         let ranks = train_on_device(world, ZeroAdamConfig::new().with_stage(stage));
         for (rank, (_, stats)) in ranks.iter().enumerate() {
             let shard = flat.shard(rank);
             let owned = 4 * total.min(shard.end).saturating_sub(shard.start) as u64;
             let written_back = if stage == 1 { gradient_bytes } else { owned };
             let per_step = (
-                gradient_bytes + scalars_down + shard_bytes,
-                written_back + scalars_up + (world as u64 - 1) * shard_bytes,
+                gradient_bytes + scalars_down + owned,
+                written_back + scalars_up + gradient_bytes - owned,
             );
             assert_eq!(
                 (stats.bytes_to_host, stats.bytes_to_device),

@@ -160,9 +160,13 @@ impl Ddp {
             device.index,
             &comm_config,
         )?;
-        let collectives = burn_dist_device::NcclCollectives::new(Arc::new(nccl), Arc::default());
+        let collectives = Arc::new(burn_dist_device::NcclCollectives::new(
+            Arc::new(nccl),
+            Arc::default(),
+        ));
         let ddp = Ddp::new(group.comm.clone(), config, Scope::Process, Some(group));
-        Ok(ddp.on_device::<B>(Arc::new(collectives), device.clone()))
+        // Stage 3's gathers share the one NCCL communicator (not yet a lane of their own).
+        Ok(ddp.on_device::<B>(collectives.clone(), collectives, device.clone()))
     }
 
     /// Joins the job described by the environment, like [`Ddp::init`], and keeps gradients in
@@ -176,13 +180,9 @@ impl Ddp {
         device: &B::Device,
     ) -> Result<Ddp> {
         let joined = join()?;
-        let comm = joined.comm.clone();
         let mut ddp = Ddp::new(joined.comm, config, Scope::Process, joined.group);
         ddp.pool = Some(joined.pool);
-        Ok(ddp.on_device::<B>(
-            Arc::new(crate::StagedCollectives::new(comm, Arc::default())),
-            B::cube_device(device),
-        ))
+        Ok(ddp.on_staged::<B>(device))
     }
 
     /// [`Ddp::for_thread`] on the device path of [`Ddp::init_staged`]: a rank of an in-process
@@ -193,20 +193,36 @@ impl Ddp {
         config: DdpConfig,
         device: &B::Device,
     ) -> Ddp {
-        let ddp = Ddp::for_thread(comm, config);
-        let collectives = crate::StagedCollectives::new(ddp.comm.clone(), Arc::default());
-        ddp.on_device::<B>(Arc::new(collectives), B::cube_device(device))
+        Ddp::for_thread(comm, config).on_staged::<B>(device)
     }
 
-    /// Installs the device store of backend `B` over `collectives` in this rank's reducer.
+    /// The device path of backend `B` with collectives staged through this rank's host
+    /// communicator: the main lane for gradients, the gather lane for stage 3's parameters,
+    /// their host traffic counted together.
+    #[cfg(feature = "device")]
+    fn on_staged<B: crate::CubeResident>(self, device: &B::Device) -> Ddp {
+        let traffic = Arc::new(crate::TrafficCounter::default());
+        let collectives = crate::StagedCollectives::new(self.comm.clone(), traffic.clone());
+        let gathers = crate::StagedCollectives::on_gather_lane(self.comm.clone(), traffic);
+        self.on_device::<B>(
+            Arc::new(collectives),
+            Arc::new(gathers),
+            B::cube_device(device),
+        )
+    }
+
+    /// Installs the device store of backend `B` over `collectives` (and `gathers`, for stage
+    /// 3's parameters) in this rank's reducer.
     #[cfg(feature = "device")]
     fn on_device<B: crate::CubeResident>(
         mut self,
         collectives: Arc<dyn crate::DeviceCollectives<B::Runtime>>,
+        gathers: Arc<dyn crate::DeviceCollectives<B::Runtime>>,
         device: <B::Runtime as burn_cubecl::cubecl::Runtime>::Device,
     ) -> Ddp {
         lock(&self.reducer).use_device(Box::new(crate::device::DeviceStore::<B>::new(
             collectives.clone(),
+            gathers,
             device,
         )));
         self.device = Some(Arc::new(collectives));
@@ -538,6 +554,12 @@ impl Ddp {
 
     pub fn stats(&self) -> ReducerStats {
         lock(&self.reducer).stats()
+    }
+
+    /// The bucket sizes this rank's reducer uses (`DdpConfig::buckets`, with any default the
+    /// mode filled in).
+    pub fn bucket_config(&self) -> crate::BucketConfig {
+        lock(&self.reducer).bucket_config().clone()
     }
 
     /// The bucket layout in use.

@@ -398,6 +398,22 @@ impl Reducer {
         self.store = Store::Device(device);
     }
 
+    /// ZeRO stage 3 on the device path: this rank's shard of the sharded parameters (`shard`:
+    /// its bytes in `dtype`) placed in the device store's memory.
+    #[cfg(feature = "device")]
+    pub(crate) fn device_pieces(
+        &self,
+        dtype: burn::tensor::DType,
+        shard: &[u8],
+    ) -> Result<Box<dyn crate::device::DevicePieces>, DistError> {
+        match &self.store {
+            Store::Device(device) => device.pieces(dtype, shard),
+            Store::Host(_) => Err(DistError::Usage(
+                "the sharded parameters go to device memory only on the device path".into(),
+            )),
+        }
+    }
+
     /// Whether gradients are reduced in place in device memory (the device path).
     pub fn reduces_on_device(&self) -> bool {
         match &self.store {
@@ -428,6 +444,10 @@ impl Reducer {
 
     pub fn layout(&self) -> &Layout {
         &self.layout
+    }
+
+    pub fn bucket_config(&self) -> &BucketConfig {
+        &self.config
     }
 
     pub fn stats(&self) -> ReducerStats {

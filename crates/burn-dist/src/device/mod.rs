@@ -4,6 +4,7 @@
 //! ([`CubeResident`]).
 
 mod copy;
+mod pieces;
 mod resident;
 mod store;
 
@@ -25,4 +26,5 @@ pub fn device_dtype(dtype: DType) -> Option<DeviceDType> {
         _ => None,
     }
 }
+pub(crate) use pieces::{DeviceGathering, DevicePieces, GatherPart};
 pub(crate) use store::{DeviceBuckets, DeviceStore};

@@ -29,6 +29,7 @@ use burn_dist_device::{
 };
 
 use super::copy::{CopyCounts, contiguous_copy, copy_reason};
+use super::pieces::{CubePieces, DevicePieces};
 use super::resident::CubeResident;
 use crate::bucket::Bucket;
 use crate::error::DistError;
@@ -99,11 +100,17 @@ pub(crate) trait DeviceBuckets: Send {
     fn traffic(&self) -> Traffic;
     /// Collectives issued on device memory so far (groups or staged host collectives).
     fn device_calls(&self) -> u64;
+    /// ZeRO stage 3: this rank's shard of the sharded parameters (`shard`: its bytes, in
+    /// `dtype`), placed in this store's device memory, gathered by the gather collectives.
+    fn pieces(&self, dtype: DType, shard: &[u8]) -> Result<Box<dyn DevicePieces>, DistError>;
 }
 
 /// The device store of backend `B`.
 pub(crate) struct DeviceStore<B: CubeResident> {
     collectives: Arc<dyn DeviceCollectives<B::Runtime>>,
+    /// ZeRO stage 3's parameter gathers: the host communicator's gather lane when staged, so
+    /// that a gather never waits behind a gradient reduction (NCCL: the same communicator).
+    gathers: Arc<dyn DeviceCollectives<B::Runtime>>,
     device: <B::Runtime as burn_cubecl::cubecl::Runtime>::Device,
     /// Per parameter (visit order): the dtype every rank reduces it in (the parameter's).
     dtypes: Vec<DType>,
@@ -118,10 +125,12 @@ pub(crate) struct DeviceStore<B: CubeResident> {
 impl<B: CubeResident> DeviceStore<B> {
     pub(crate) fn new(
         collectives: Arc<dyn DeviceCollectives<B::Runtime>>,
+        gathers: Arc<dyn DeviceCollectives<B::Runtime>>,
         device: <B::Runtime as burn_cubecl::cubecl::Runtime>::Device,
     ) -> Self {
         DeviceStore {
             collectives,
+            gathers,
             device,
             dtypes: Vec::new(),
             grads: Vec::new(),
@@ -423,6 +432,12 @@ impl<B: CubeResident> DeviceBuckets for DeviceStore<B> {
 
     fn device_calls(&self) -> u64 {
         self.collectives.traffic().calls()
+    }
+
+    fn pieces(&self, dtype: DType, shard: &[u8]) -> Result<Box<dyn DevicePieces>, DistError> {
+        let pieces = CubePieces::<B>::new(self.gathers.clone(), self.device.clone(), dtype, shard)
+            .map_err(DistError::from)?;
+        Ok(Box::new(pieces))
     }
 }
 

@@ -10,14 +10,33 @@ use burn_dist_comm::{CommError, HostBuffer, Pending};
 use super::ParamShards;
 use super::schedule::{BACKWARD_END, Phase, PrefetchConfig, Scheduler, Serve, Unit};
 
-/// One gather of consecutive parameters `params`: in flight, then their bytes, one part per
+/// One gather of consecutive parameters `params`: in flight, then their values, one part per
 /// parameter, taken by the uses it serves.
 pub(crate) struct UnitGather {
     params: Range<usize>,
-    pending: Option<Pending<HostBuffer>>,
-    parts: Vec<Option<Vec<u8>>>,
+    in_flight: Option<InFlight>,
+    parts: Vec<Option<Part>>,
     /// Bytes gathered and not yet taken (counted live in the rank's stats).
     remaining: usize,
+}
+
+/// A unit's gather while it runs.
+enum InFlight {
+    /// The host path: one all-gather of the pieces' bytes.
+    Host(Pending<HostBuffer>),
+    /// The device path: fresh device buffers being filled (or the error that issuing met).
+    #[cfg(feature = "device")]
+    Device(Result<Box<dyn crate::device::DeviceGathering>, CommError>),
+}
+
+/// One gathered parameter.
+pub(crate) enum Part {
+    /// Its bytes, on the host (made a tensor of the backend by the gather's caller).
+    Host(Vec<u8>),
+    /// Already a float primitive of the backend, in device memory (boxed: `ParamShards` is
+    /// not generic over the backend).
+    #[cfg(feature = "device")]
+    Device(Box<dyn std::any::Any + Send>),
 }
 
 impl ParamShards {
@@ -68,7 +87,7 @@ impl ParamShards {
 
     /// Parameter `index`'s bytes for an op of `phase`, as the schedule serves them; then issues
     /// the gathers the window allows ahead.
-    pub(super) fn fetch(&self, index: usize, phase: Phase) -> Result<Vec<u8>, CommError> {
+    pub(super) fn fetch(&self, index: usize, phase: Phase) -> Result<Part, CommError> {
         let mut scheduler = self.scheduler();
         let decision = scheduler.on_use(phase, index);
         self.discard(decision.dropped);
@@ -116,6 +135,25 @@ impl ParamShards {
     /// it never waits behind a gradient reduction issued before it.
     fn issue(&self, unit: &Unit) -> UnitGather {
         let params = unit.params.clone();
+        let tag = u32::try_from(params.start + 1).expect("fewer than 2^32 parameters");
+        let remaining = self.unit_bytes(unit);
+        self.state().stats.hold(remaining);
+        let in_flight = self.issue_gather(params.clone(), tag);
+        UnitGather {
+            parts: (0..params.len()).map(|_| None).collect(),
+            params,
+            in_flight: Some(in_flight),
+            remaining,
+        }
+    }
+
+    /// The collective of [`ParamShards::issue`]: into fresh device buffers on the device path,
+    /// else into host bytes.
+    fn issue_gather(&self, params: Range<usize>, tag: u32) -> InFlight {
+        #[cfg(feature = "device")]
+        if let Some(issued) = self.issue_on_device(params.clone(), tag) {
+            return InFlight::Device(issued);
+        }
         let world = self.layout().world;
         let mut counts = vec![0; world];
         let mut piece = Vec::new();
@@ -126,26 +164,18 @@ impl ParamShards {
                 .zip(&info.counts)
                 .for_each(|(c, n)| *c += n * elem);
         }
-        for i in params.clone() {
+        for i in params {
             piece.extend_from_slice(&self.piece_bytes(i));
         }
-        let tag = u32::try_from(params.start + 1).expect("fewer than 2^32 parameters");
-        let pending = self
-            .comm
-            .gather_lane()
-            .all_gather_counts(HostBuffer::U8(piece), counts, tag);
-        let remaining = self.unit_bytes(unit);
-        self.state().stats.hold(remaining);
-        UnitGather {
-            parts: vec![None; params.len()],
-            params,
-            pending: Some(pending),
-            remaining,
-        }
+        InFlight::Host(self.comm.gather_lane().all_gather_counts(
+            HostBuffer::U8(piece),
+            counts,
+            tag,
+        ))
     }
 
     /// Parameter `index` alone, on demand.
-    pub(super) fn gather_alone(&self, index: usize) -> Result<Vec<u8>, CommError> {
+    pub(super) fn gather_alone(&self, index: usize) -> Result<Part, CommError> {
         let mut gather = self.issue(&Unit {
             positions: 0..1,
             params: index..index + 1,
@@ -154,43 +184,61 @@ impl ParamShards {
     }
 
     /// The part of `gather` for its parameter at `offset`, waiting for it if it is in flight.
-    fn take(&self, gather: &mut UnitGather, offset: usize) -> Result<Vec<u8>, CommError> {
-        if let Some(pending) = gather.pending.take() {
+    fn take(&self, gather: &mut UnitGather, offset: usize) -> Result<Part, CommError> {
+        if let Some(in_flight) = gather.in_flight.take() {
             let start = Instant::now();
-            let result = pending.wait();
+            let parts = self.finish(in_flight, gather.params.clone());
             let waited = start.elapsed().as_nanos() as u64;
             self.state().stats.wait_nanos += waited;
-            let mut bytes = match result {
-                Ok(HostBuffer::U8(bytes)) => bytes,
-                Ok(_) => unreachable!("a u8 all-gather returns u8"),
+            match parts {
+                Ok(parts) => gather.parts = parts.into_iter().map(Some).collect(),
                 Err(error) => {
                     self.release(gather.remaining);
                     gather.remaining = 0;
                     return Err(error);
                 }
-            };
-            // The first parameter keeps the result's allocation: a parameter alone (on demand,
-            // most of backward) is its bytes as they came, and a unit's first (a layer's weight,
-            // ahead of its bias) is not copied; only the parameters after it are.
-            let first = self.params[gather.params.start].bytes();
-            let mut rest = &bytes[first..];
-            for (i, part) in gather.params.clone().zip(&mut gather.parts).skip(1) {
-                let (mine, after) = rest.split_at(self.params[i].bytes());
-                *part = Some(mine.to_vec());
-                rest = after;
             }
-            // Shrinking in place gives the rest back (glibc: a split chunk, or mremap for a
-            // large one) without copying what is kept.
-            bytes.truncate(first);
-            bytes.shrink_to_fit();
-            gather.parts[0] = Some(bytes);
         }
         let part = gather.parts[offset]
             .take()
             .expect("each part of a unit serves one use");
-        gather.remaining -= part.len();
-        self.release(part.len());
+        let bytes = self.params[gather.params.start + offset].bytes();
+        gather.remaining -= bytes;
+        self.release(bytes);
         Ok(part)
+    }
+
+    /// Waits for a unit's gather: one part per parameter of `params`.
+    fn finish(&self, in_flight: InFlight, params: Range<usize>) -> Result<Vec<Part>, CommError> {
+        let pending = match in_flight {
+            InFlight::Host(pending) => pending,
+            #[cfg(feature = "device")]
+            InFlight::Device(issued) => {
+                let tensors = issued?.finish()?;
+                return Ok(tensors.into_iter().map(Part::Device).collect());
+            }
+        };
+        let mut bytes = match pending.wait()? {
+            HostBuffer::U8(bytes) => bytes,
+            _ => unreachable!("a u8 all-gather returns u8"),
+        };
+        // The first parameter keeps the result's allocation: a parameter alone (on demand,
+        // most of backward) is its bytes as they came, and a unit's first (a layer's weight,
+        // ahead of its bias) is not copied; only the parameters after it are.
+        let first = self.params[params.start].bytes();
+        let mut parts = Vec::with_capacity(params.len());
+        let mut rest = &bytes[first..];
+        for i in params.skip(1) {
+            let (mine, after) = rest.split_at(self.params[i].bytes());
+            parts.push(Part::Host(mine.to_vec()));
+            rest = after;
+        }
+        // Shrinking in place gives the rest back (glibc: a split chunk, or mremap for a
+        // large one) without copying what is kept.
+        bytes.truncate(first);
+        bytes.shrink_to_fit();
+        parts.insert(0, Part::Host(bytes));
+        Ok(parts)
     }
 
     /// Gathers no longer wanted: their bytes are no longer held. (Peers issued the same ones:

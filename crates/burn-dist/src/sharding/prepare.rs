@@ -325,14 +325,6 @@ impl Ddp {
         B: AutodiffBackend<InnerBackend = DistributedBackend<X, Sharded>>,
         M: Module<B>,
     {
-        #[cfg(feature = "device")]
-        if self.reduces_on_device() {
-            return Err(DistError::Usage(
-                "ZeRO stage 3 runs on the host path (`Ddp::init`, `Ddp::for_thread`); its device \
-                 path is not built yet"
-                    .into(),
-            ));
-        }
         let mut plan = ShardPlan::default();
         model.visit(&mut plan);
         self.check_same_model(&plan.lines)?;
@@ -361,14 +353,27 @@ impl Ddp {
         if let Some(error) = error {
             return Err(error);
         }
-        let shards = Arc::new(ParamShards::new(
+        let shards = ParamShards::new(
             self.comm(),
             layout.clone(),
             sharded,
             pieces,
             Box::new(probe::<X>),
             self.prefetch,
-        ));
+        );
+        // The device path: the pieces move into the reducer's device memory, and gathers fill
+        // fresh device buffers there.
+        #[cfg(feature = "device")]
+        let shards = match self.reduces_on_device() {
+            true => {
+                let shared = self.shared_reducer();
+                shards.on_device(|dtype, shard| {
+                    crate::context::lock(&shared).device_pieces(dtype, shard)
+                })?
+            }
+            false => shards,
+        };
+        let shards = Arc::new(shards);
         let model = model.map(&mut Install::<X> {
             shards: shards.clone(),
             devices,

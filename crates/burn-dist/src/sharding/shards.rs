@@ -11,7 +11,7 @@ use burn_backend::{Backend, DType};
 use burn_dist_comm::{CommError, HostCommunicator};
 
 use super::frame::{self, Use};
-use super::prefetch::UnitGather;
+use super::prefetch::{Part, UnitGather};
 use super::schedule::{Phase, PrefetchConfig, Scheduler};
 use crate::error::{DistError, Result};
 use crate::flat::FlatLayout;
@@ -112,6 +112,9 @@ pub struct ParamShards {
     pub(super) params: Vec<ShardedParamInfo>,
     /// Where each parameter's piece lies in this rank's shard (`None`: it holds none of it).
     in_shard: Vec<Option<Range<usize>>>,
+    /// Which of the parameter's elements that piece holds (the device path's gathers place it).
+    #[cfg(feature = "device")]
+    within: Vec<Option<Range<usize>>>,
     held: RwLock<Held>,
     state: Mutex<State>,
     /// The gather schedules and the gathers in flight ahead of their use.
@@ -128,6 +131,10 @@ enum Held {
     F32(Vec<f32>),
     /// Each parameter's piece in its own dtype (empty where this rank holds none).
     Pieces(Vec<Vec<u8>>),
+    /// The device path: this rank's shard in device memory, in the parameters' one dtype
+    /// (`crate::device::DevicePieces`); gathers fill fresh device buffers.
+    #[cfg(feature = "device")]
+    Device(Box<dyn crate::device::DevicePieces>),
 }
 
 #[derive(Default)]
@@ -159,8 +166,14 @@ impl ParamShards {
         let count = params.len();
         comm.label_tags(params.iter().map(|p| p.name.clone()).collect());
         let mut in_shard = vec![None; params.len()];
+        #[cfg(feature = "device")]
+        let mut within = vec![None; params.len()];
         for piece in layout.pieces(comm.rank()) {
             in_shard[piece.param] = Some(piece.in_shard);
+            #[cfg(feature = "device")]
+            {
+                within[piece.param] = Some(piece.within);
+            }
         }
         let held = if params.iter().all(|p| p.dtype == DType::F32) {
             let mut shard = vec![0.0f32; layout.shard_len];
@@ -185,6 +198,8 @@ impl ParamShards {
             layout,
             params,
             in_shard,
+            #[cfg(feature = "device")]
+            within,
             held: RwLock::new(held),
             state: Mutex::new(State {
                 stats: ShardStats {
@@ -199,6 +214,83 @@ impl ParamShards {
             probe,
             own_mappers: Mutex::new((0..count).map(|_| None).collect()),
         }
+    }
+
+    /// Moves this rank's pieces into device memory (`place` uploads this rank's shard of the
+    /// flat layout, given as bytes of the parameters' dtype): the device path of stage 3, whose
+    /// gathers then write every rank's pieces into fresh device buffers. The parameters must
+    /// share one dtype there, as ZeroAdam's device step needs.
+    #[cfg(feature = "device")]
+    pub(crate) fn on_device(
+        mut self,
+        place: impl FnOnce(DType, &[u8]) -> Result<Box<dyn crate::device::DevicePieces>>,
+    ) -> Result<Self> {
+        let Some(first) = self.params.first() else {
+            return Ok(self);
+        };
+        if let Some(other) = self.params.iter().find(|p| p.dtype != first.dtype) {
+            return Err(DistError::Usage(format!(
+                "ZeRO stage 3 on the device path needs one dtype for every sharded parameter: \
+                 `{}` is {:?} but `{}` is {:?}",
+                first.name, first.dtype, other.name, other.dtype
+            )));
+        }
+        let dtype = first.dtype;
+        let held = self.held.get_mut().unwrap_or_else(|e| e.into_inner());
+        let shard = match &*held {
+            Held::F32(shard) => bytemuck::cast_slice(shard).to_vec(),
+            Held::Pieces(pieces) => {
+                let elem = dtype.size();
+                let mut shard = vec![0u8; self.layout.shard_len * elem];
+                for (range, piece) in self.in_shard.iter().zip(pieces) {
+                    if let Some(range) = range {
+                        shard[range.start * elem..range.end * elem].copy_from_slice(piece);
+                    }
+                }
+                shard
+            }
+            Held::Device(_) => return Ok(self),
+        };
+        *held = Held::Device(place(dtype, &shard)?);
+        Ok(self)
+    }
+
+    /// The device path: this rank's shard buffer of the pieces and its dtype, which ZeroAdam's
+    /// stage-3 step on the device updates in place (call [`ParamShards::pieces_changed`]
+    /// after); `None` on the host path.
+    #[cfg(feature = "device")]
+    pub fn device_shard(&self) -> Option<(burn_cubecl::cubecl::server::Handle, DType)> {
+        match &*self.held() {
+            Held::Device(pieces) => Some(pieces.shard()),
+            _ => None,
+        }
+    }
+
+    /// The pieces were changed in place on the device (ZeroAdam's stage-3 step there): what
+    /// was gathered ahead from them is stale. Every rank calls it at the same point.
+    pub fn pieces_changed(&self) {
+        self.forget_ahead();
+    }
+
+    /// The device path: issues the gather of parameters `params` (adjacent) into fresh device
+    /// buffers, tagged `tag`; `None` on the host path.
+    #[cfg(feature = "device")]
+    pub(super) fn issue_on_device(
+        &self,
+        params: Range<usize>,
+        tag: u32,
+    ) -> Option<std::result::Result<Box<dyn crate::device::DeviceGathering>, CommError>> {
+        let Held::Device(pieces) = &*self.held() else {
+            return None;
+        };
+        let parts: Vec<crate::device::GatherPart> = params
+            .map(|i| crate::device::GatherPart {
+                shape: self.params[i].shape.clone(),
+                counts: self.params[i].counts.clone(),
+                mine: self.in_shard[i].clone().zip(self.within[i].clone()),
+            })
+            .collect();
+        Some(pieces.issue(&parts, tag))
     }
 
     pub(super) fn state(&self) -> MutexGuard<'_, State> {
@@ -253,7 +345,7 @@ impl ParamShards {
             Use::Op => self.fetch(index, phase),
             Use::Read => self.gather_alone(index),
         };
-        let bytes = gathered.unwrap_or_else(|source| {
+        let part = gathered.unwrap_or_else(|source| {
             self.state().failure.get_or_insert((index, source.clone()));
             let error = self.gather_error(index, source);
             panic!("burn-dist: {error}");
@@ -262,8 +354,26 @@ impl ParamShards {
             frame::hold(self, info.bytes());
         }
         self.count(index, counted);
-        let data = TensorData::from_bytes_vec(bytes, info.shape.clone(), info.dtype);
-        B::float_from_data(data, device)
+        match part {
+            Part::Host(bytes) => {
+                let data = TensorData::from_bytes_vec(bytes, info.shape.clone(), info.dtype);
+                B::float_from_data(data, device)
+            }
+            // The device store was built for the inner backend of this decorator: its
+            // primitives are `B`'s.
+            #[cfg(feature = "device")]
+            Part::Device(tensor) => {
+                *tensor
+                    .downcast::<B::FloatTensorPrimitive>()
+                    .unwrap_or_else(|_| {
+                        panic!(
+                            "burn-dist: the device pieces of `{}` are not `{}`'s tensors",
+                            info.name,
+                            std::any::type_name::<B>()
+                        )
+                    })
+            }
+        }
     }
 
     fn gather_error(&self, index: usize, source: CommError) -> DistError {
@@ -357,7 +467,7 @@ impl ParamShards {
         self.forget_ahead();
         match &mut *self.held_mut() {
             Held::F32(shard) => Some(update(shard)),
-            Held::Pieces(_) => None,
+            _ => None,
         }
     }
 
@@ -366,6 +476,8 @@ impl ParamShards {
         let pieces = match &*self.held() {
             Held::F32(shard) => return shard.clone(),
             Held::Pieces(pieces) => pieces.clone(),
+            #[cfg(feature = "device")]
+            Held::Device(pieces) => return pieces.shard_values(),
         };
         let mut shard = vec![0.0f32; self.layout.shard_len];
         for ((range, piece), info) in self.in_shard.iter().zip(pieces).zip(&self.params) {
@@ -397,6 +509,8 @@ impl ParamShards {
                     }
                 }
             }
+            #[cfg(feature = "device")]
+            Held::Device(pieces) => pieces.write_shard(shard),
         }
     }
 
@@ -422,6 +536,8 @@ impl ParamShards {
         match &mut *self.held_mut() {
             Held::F32(shard) => copy_f32_bytes(&mut shard[piece.in_shard], mine),
             Held::Pieces(pieces) => pieces[index] = mine.to_vec(),
+            #[cfg(feature = "device")]
+            Held::Device(pieces) => pieces.write(piece.in_shard, mine),
         }
     }
 
@@ -432,6 +548,10 @@ impl ParamShards {
                 bytemuck::cast_slice(&shard[range]).to_vec()
             }),
             Held::Pieces(pieces) => pieces[index].clone(),
+            #[cfg(feature = "device")]
+            Held::Device(pieces) => self.in_shard[index]
+                .clone()
+                .map_or_else(Vec::new, |range| pieces.read(range)),
         }
     }
 
