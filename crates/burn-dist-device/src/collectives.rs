@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use burn_dist_comm::ReduceOp;
+use burn_dist_comm::{HostBuffer, Pending, ReduceOp};
 use cubecl::Runtime;
 
 use crate::error::Result;
@@ -75,17 +75,58 @@ pub trait DeviceCollectives<R: Runtime>: Send + Sync {
 
 /// A device collective that may still be running.
 #[must_use = "a collective's result must be waited for"]
-pub struct DevicePending(Box<dyn FnOnce() -> Result<()> + Send>);
+pub struct DevicePending(Waiting);
+
+enum Waiting {
+    /// Nothing to wait for (an empty call).
+    Done,
+    /// A host collective, then what its result becomes on the device (the staged write-back).
+    Host(
+        Pending<HostBuffer>,
+        Box<dyn FnOnce(HostBuffer) -> Result<()> + Send>,
+    ),
+    /// A collective that leaves its result in device memory itself (NCCL's group).
+    InPlace(Pending<()>),
+}
 
 impl DevicePending {
-    /// A collective whose completion is `finish` (called on the waiting thread).
-    pub(crate) fn new(finish: impl FnOnce() -> Result<()> + Send + 'static) -> Self {
-        DevicePending(Box::new(finish))
+    /// A call that had nothing to do.
+    pub(crate) fn done() -> Self {
+        DevicePending(Waiting::Done)
+    }
+
+    /// The host collective `pending`, whose result `then` writes to the device (on the
+    /// waiting thread).
+    pub(crate) fn host(
+        pending: Pending<HostBuffer>,
+        then: impl FnOnce(HostBuffer) -> Result<()> + Send + 'static,
+    ) -> Self {
+        DevicePending(Waiting::Host(pending, Box::new(then)))
+    }
+
+    /// A collective that writes device memory itself, done when `pending` is.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn in_place(pending: Pending<()>) -> Self {
+        DevicePending(Waiting::InPlace(pending))
     }
 
     /// Waits until the results are in device memory.
     pub fn wait(self) -> Result<()> {
-        (self.0)()
+        match self.0 {
+            Waiting::Done => Ok(()),
+            Waiting::Host(pending, then) => then(pending.wait()?),
+            Waiting::InPlace(pending) => Ok(pending.wait()?),
+        }
+    }
+
+    /// Whether the collective itself is over, so that [`DevicePending::wait`] would not wait
+    /// for any peer (a staged one still writes its result to the device there).
+    pub fn is_done(&mut self) -> bool {
+        match &mut self.0 {
+            Waiting::Done => true,
+            Waiting::Host(pending, _) => pending.is_done(),
+            Waiting::InPlace(pending) => pending.is_done(),
+        }
     }
 }
 

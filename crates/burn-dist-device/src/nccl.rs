@@ -64,7 +64,7 @@ impl NcclCollectives {
             keep.push((slice.handle, resource));
         }
         let Some(client) = client else {
-            return Ok(DevicePending::new(|| Ok(())));
+            return Ok(DevicePending::done());
         };
         self.traffic.call();
         cubecl::future::block_on(client.sync()).map_err(|e| DeviceError::Device {
@@ -80,7 +80,7 @@ impl NcclCollectives {
         // and resolved resource) until NCCL is done; the compute stream has drained, and the
         // caller launches nothing on these slices before waiting.
         let pending = unsafe { self.comm.in_place(group) };
-        Ok(DevicePending::new(move || Ok(pending.wait()?)))
+        Ok(DevicePending::in_place(pending))
     }
 }
 

@@ -63,8 +63,7 @@ impl StagedCollectives {
     ) -> DevicePending {
         let (traffic, rank) = (self.traffic.clone(), self.comm().rank());
         self.traffic.call();
-        DevicePending::new(move || {
-            let result = pending.wait()?;
+        DevicePending::host(pending, move |result| {
             for (slice, from, to) in writes {
                 upload_into(&slice.range(to), &result.slice(from), &traffic, rank)?;
             }
@@ -151,7 +150,7 @@ impl<R: Runtime> DeviceCollectives<R> for StagedCollectives {
         const OP: &str = "device reduce_scatter_each";
         let (rank, world) = (self.comm().rank(), self.comm().world_size());
         let Some((first, _)) = parts.first() else {
-            return Ok(DevicePending::new(|| Ok(())));
+            return Ok(DevicePending::done());
         };
         let mut chunks = Vec::with_capacity(parts.len());
         let mut local = Vec::with_capacity(parts.len());
@@ -202,7 +201,7 @@ impl<R: Runtime> DeviceCollectives<R> for StagedCollectives {
         const OP: &str = "device all_gather";
         let (rank, world) = (self.comm().rank(), self.comm().world_size());
         let Some((first, _)) = parts.first() else {
-            return Ok(DevicePending::new(|| Ok(())));
+            return Ok(DevicePending::done());
         };
         let mut chunks = Vec::with_capacity(parts.len());
         let mut own = Vec::with_capacity(parts.len());

@@ -89,11 +89,17 @@ pub(crate) struct Resident<B: CubeResident> {
     /// Stage 3: the model's pieces are the shard buffer (master weights in f32, the model
     /// copy otherwise), which `load` must write in place.
     stage3: bool,
+    /// Stages 2 and 3: the gradient shard is the reducer's, handed over each step, and let go
+    /// once the step is issued (the next backward fills a new one), so that no shard of the
+    /// gradient stays between steps (a 4-byte stand-in holds its place).
+    grads_from_reducer: bool,
 }
 
 impl<B: CubeResident> Resident<B> {
     /// `group_bytes`: how many bytes of new parameters one all-gather brings (the reducer's
-    /// bucket size); `stage3`: the model's pieces, which the step then updates in place.
+    /// bucket size); `grads_from_reducer`: stages 2 and 3, whose gradient shard the reducer
+    /// hands over each step; `stage3`: the model's pieces, which the step then updates in
+    /// place.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         collectives: Arc<dyn DeviceCollectives<B::Runtime>>,
@@ -106,6 +112,7 @@ impl<B: CubeResident> Resident<B> {
         steps_taken: u32,
         decays: &[bool],
         group_bytes: usize,
+        grads_from_reducer: bool,
         stage3: Option<Stage3Pieces>,
     ) -> Result<Self> {
         let device = B::cube_device(device);
@@ -141,6 +148,9 @@ impl<B: CubeResident> Resident<B> {
         let master = if master.is_empty() { &zeros } else { master };
         let mut buffers = fused.upload(master, m, v, steps_taken, &zeros, 1.0, model_dtype);
         fused.set_decay_mask(&mut buffers, decays);
+        if grads_from_reducer {
+            buffers.grads = client.empty(4);
+        }
         if let Some(Stage3Pieces(pieces)) = &stage3 {
             match model_dtype {
                 ModelDtype::None => buffers.master = pieces.clone(),
@@ -161,6 +171,7 @@ impl<B: CubeResident> Resident<B> {
             group_bytes,
             gathered: Vec::new(),
             stage3: stage3.is_some(),
+            grads_from_reducer,
         })
     }
 
@@ -302,6 +313,10 @@ impl<B: CubeResident> ResidentState for Resident<B> {
         self.buffers.stats = self.upload_scalars(&[total_sum_sq as f32, found]);
         self.counter().to_device(HYPER_BYTES);
         self.fused.update(&self.buffers, hyper);
+        if self.grads_from_reducer {
+            // The update's launch holds the shard until it has run; nothing reads it after.
+            self.buffers.grads = self.client().empty(4);
+        }
         Ok(())
     }
 

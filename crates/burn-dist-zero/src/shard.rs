@@ -213,6 +213,7 @@ impl Shard {
             steps,
             &self.element_decays(),
             ddp.bucket_config().bucket_bytes,
+            self.config.stage >= 2,
             stage3,
         )?;
         tracing::info!(device = %resident.name(), "ZeroAdam state moved to the device");

@@ -19,12 +19,18 @@ pub struct BucketConfig {
     /// Cap of every other bucket.
     #[config(default = 26214400)]
     pub bucket_bytes: usize,
-    /// Under ZeRO stages 2 and 3 on the host path, the most bytes of bucket buffers launched
-    /// and not yet reduced: past it, the backward waits for the oldest reductions before it
-    /// goes on. When the reductions are slower than the backward (ranks sharing few cores, a
-    /// slow network), the buffers would otherwise pile up to the size of the whole gradient.
-    /// `None`: no bound, which is the default at stage 2; `Ddp::prepare_sharded` (stage 3)
-    /// sets 2 × `bucket_bytes` when it is `None`.
+    /// Under ZeRO stages 2 and 3, the most bytes of buckets launched and not yet reduced
+    /// (counted in f32): past it, the backward waits for the oldest reductions before it goes
+    /// on, and their gradients go (host buffers; on the device path, the local gradients). When
+    /// the reductions are slower than the backward (ranks sharing few cores, a slow network),
+    /// the buckets would otherwise pile up to the size of the whole gradient; reductions that
+    /// are over are taken in at every gradient's arrival either way, without waiting. `None`:
+    /// no bound, which is the default at stage 2; `Ddp::prepare_sharded` (stage 3) sets 2 ×
+    /// `bucket_bytes` when it is `None`, as DeepSpeed keeps two reduce buffers. In-process
+    /// ranks (`Ddp::for_thread`) accumulating gradients at stage 2 should leave it unset: a
+    /// wait inside backward can meet Burn's graph cleanup on another rank's thread, which
+    /// locks every graph of the process (stage 3's first gather of each forward keeps its
+    /// ranks in step, so its bound is safe).
     #[config(default = "None")]
     pub max_in_flight_bytes: Option<usize>,
 }

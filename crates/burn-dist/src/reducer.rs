@@ -120,6 +120,17 @@ enum InFlight {
     Device(Vec<burn_dist_device::DevicePending>),
 }
 
+impl InFlight {
+    /// Whether the reduction is over on every rank, so that taking it in waits for no peer.
+    fn is_done(&mut self) -> bool {
+        match self {
+            InFlight::Host(pending) => pending.is_done(),
+            #[cfg(feature = "device")]
+            InFlight::Device(pending) => pending.iter_mut().all(|p| p.is_done()),
+        }
+    }
+}
+
 /// A final gradient as the hook hands it over.
 pub(crate) enum Incoming<'a> {
     /// Read to the host and flattened to f32 (host path).
@@ -162,11 +173,9 @@ struct Step {
 
 /// What a communicating backward leaves behind for write-back.
 pub(crate) struct Finished {
-    /// (parameter, erased pointer to its gradient in Burn's container).
+    /// (parameter, erased pointer to its gradient in Burn's container); none under ZeRO-2
+    /// and 3, whose reductions live in the owners' shards.
     pub targets: Vec<(usize, usize)>,
-    /// ZeRO-2 on the device path: the targets' local gradients are to be released (their
-    /// reduction is in the owners' shards), not written.
-    pub release: bool,
 }
 
 pub struct Reducer {
@@ -689,16 +698,37 @@ impl Reducer {
             self.stats.collectives += 1;
             step.launched += 1;
         }
+        self.take_in_finished()?;
         self.bound_in_flight()
     }
 
-    /// Waits for the oldest launched reductions until the buffers still in flight fit in
-    /// `BucketConfig::max_in_flight_bytes` (sharded gradients on the host path: each finished
-    /// reduction frees its whole bucket and keeps this rank's segment).
+    /// Under ZeRO-2 and 3, takes in every launched reduction that is already over, without
+    /// waiting: its bucket's gradients (host buffer, or the local gradients on the device)
+    /// go as soon as the owners have their pieces, not at the end of backward. It never
+    /// blocks, so it is safe where a wait inside backward is not (in-process ranks: Burn's
+    /// graph cleanup on one thread locks the graph another thread's backward holds).
+    fn take_in_finished(&mut self) -> Result<(), DistError> {
+        if self.sharded.is_none() {
+            return Ok(());
+        }
+        let Some(step) = self.step.as_mut() else {
+            return Ok(());
+        };
+        let done: Vec<usize> = (0..step.launched)
+            .filter(|&b| step.pending[b].as_mut().is_some_and(InFlight::is_done))
+            .collect();
+        for b in done {
+            self.wait_bucket(b)?;
+        }
+        Ok(())
+    }
+
+    /// Waits for the oldest launched reductions until the buckets still in flight fit in
+    /// `BucketConfig::max_in_flight_bytes` (sharded gradients: each finished reduction frees
+    /// its whole bucket, host buffer or device gradients, and keeps this rank's segment). A
+    /// bucket counts its f32 size on either path.
     fn bound_in_flight(&mut self) -> Result<(), DistError> {
-        let (Some(cap), Some(_), Store::Host(_)) =
-            (self.config.max_in_flight_bytes, &self.sharded, &self.store)
-        else {
+        let (Some(cap), Some(_)) = (self.config.max_in_flight_bytes, &self.sharded) else {
             return Ok(());
         };
         loop {
@@ -802,25 +832,11 @@ impl Reducer {
             self.wait_bucket(b)?;
         }
         let mut step = self.step.take().expect("a step in progress");
-        // ZeRO-2 on the device: the local gradients were reduced where they live; they can go
-        // once the owners have their pieces (the host path releases them in the hook).
-        let release = self.sharded.is_some() && self.reduces_on_device();
-        let released = || {
-            step.targets
-                .iter()
-                .enumerate()
-                .filter_map(|(p, t)| t.map(|t| (p, t)))
-                .collect::<Vec<_>>()
-        };
         if !step.window_end {
             // ZeRO-2 mid-window: this micro-batch is in the shard; nothing to write back.
             self.micro_batch += 1;
-            return Ok(release.then(|| Finished {
-                targets: released(),
-                release,
-            }));
+            return Ok(None);
         }
-        let released = if release { released() } else { Vec::new() };
         let usage = step
             .usage
             .take()
@@ -841,7 +857,7 @@ impl Reducer {
                 if let Store::Device(device) = &mut self.store {
                     device.end_shard_window(self.accumulation);
                 }
-                released
+                Vec::new()
             }
             None => step
                 .targets
@@ -851,7 +867,7 @@ impl Reducer {
                 .collect(),
         };
         self.micro_batch = 0;
-        Ok(Some(Finished { targets, release }))
+        Ok(Some(Finished { targets }))
     }
 
     /// See `Ddp::adopt_bucket_order`.

@@ -114,11 +114,20 @@ fn on_device_gradient<B: Backend>(
             // SAFETY: as in `on_gradient_ready`: a pointer into Burn's live container, at a
             // final gradient.
             let numel = unsafe { &*target }.shape().num_elements();
-            reducer.receive(
-                params.param_id,
-                crate::reducer::Incoming::Device { numel },
-                target as usize,
-            )
+            reducer
+                .receive(
+                    params.param_id,
+                    crate::reducer::Incoming::Device { numel },
+                    target as usize,
+                )
+                .map(|()| {
+                    // ZeRO-2 and 3: the store holds the gradient (or its private copy) until its
+                    // bucket is reduced, and only the owners keep the result: Burn's container
+                    // lets go of it now, as on the host path.
+                    if reducer.is_sharded() {
+                        release::<B>(target);
+                    }
+                })
         }
         Err(expected) => Err(DistError::WrongBackend {
             expected: expected.to_string(),
@@ -130,8 +139,9 @@ fn on_device_gradient<B: Backend>(
     }
 }
 
-/// ZeRO-2: the local gradient is in its bucket now and its reduction will live only in the
-/// owners' shards, so Burn's container need not keep it. It is replaced by a zero-stride view
+/// ZeRO-2 and 3: the local gradient is in its bucket now (or held by the device store until its
+/// bucket is reduced) and its reduction will live only in the owners' shards, so Burn's
+/// container need not keep it. It is replaced by a zero-stride view
 /// of a single zero (same shape and dtype, one element of memory), so that the full-size local
 /// gradients do not pile up while backward runs, as DeepSpeed frees `param.grad` once it is in a
 /// bucket. Reading it gives zeros: under stage 2 the gradient is taken from the reducer.
@@ -161,12 +171,6 @@ pub(crate) fn on_backward_end<B: Backend>(device: &B::Device) {
     }
     match reducer.finish() {
         Ok(None) => {}
-        // ZeRO-2 on the device: the reduced pieces are in the owners' shards now.
-        Ok(Some(finished)) if finished.release => {
-            for (_, target) in finished.targets {
-                release::<B>(target as *mut B::FloatTensorPrimitive);
-            }
-        }
         #[cfg(feature = "device")]
         Ok(Some(finished)) if reducer.reduces_on_device() => {
             for (param, target) in finished.targets {
