@@ -44,6 +44,20 @@ pub(crate) fn install(scope: Scope, reducer: Option<SharedReducer>) {
     }
 }
 
+/// Removes `reducer` from `scope` if it is the one installed there: a `Ddp` dropped after a
+/// newer one of the same scope was built leaves the newer one in place.
+pub(crate) fn uninstall(scope: Scope, reducer: &SharedReducer) {
+    let remove = |slot: &mut Option<SharedReducer>| {
+        if slot.as_ref().is_some_and(|r| Arc::ptr_eq(r, reducer)) {
+            *slot = None;
+        }
+    };
+    match scope {
+        Scope::Process => remove(&mut PROCESS.lock().unwrap_or_else(|e| e.into_inner())),
+        Scope::Thread => THREAD.with(|t| remove(&mut t.borrow_mut())),
+    }
+}
+
 /// Locks a reducer even if a panicking hook poisoned it: its state is reset at the next
 /// backward, and refusing every later call would hide the original error.
 pub(crate) fn lock(reducer: &SharedReducer) -> MutexGuard<'_, Reducer> {

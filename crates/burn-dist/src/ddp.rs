@@ -594,7 +594,7 @@ impl Ddp {
 
 impl Drop for Ddp {
     fn drop(&mut self) {
-        context::install(self.scope, None);
+        context::uninstall(self.scope, &self.reducer);
     }
 }
 

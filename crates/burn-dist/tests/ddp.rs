@@ -590,3 +590,26 @@ fn burns_backend_all_reduce_reduces_over_the_ranks() {
         assert_eq!(mean, [1.0, 1.0]);
     }
 }
+
+/// A `Ddp` dropped after a newer one of the same rank was built leaves the newer one serving
+/// the hooks (the device check builds one `Ddp` on a thread of its own and drops it while the
+/// main one trains).
+#[test]
+fn dropping_an_older_ddp_keeps_the_newer_one_in_place() {
+    let comm = comms(2);
+    run_ranks(comm, |rank, comm| {
+        let older = Ddp::for_thread(comm, config());
+        let newer_comm = comms(1).remove(0);
+        let mut newer = Ddp::for_thread(newer_comm, config());
+        drop(older);
+        let model = newer.prepare(Mlp::<B>::new(&MLP, 7, &FlexDevice)).unwrap();
+        let x = rows::<2>(0, 0, [1, MLP[0]], 0..1);
+        let grads = newer.backward(model.forward(x).mean(), &model).unwrap();
+        assert!(grads.is_some(), "rank {rank}: no gradients");
+        assert_eq!(
+            newer.stats().backwards,
+            1,
+            "rank {rank}: the newer Ddp's reducer saw no backward"
+        );
+    });
+}
