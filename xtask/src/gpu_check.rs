@@ -24,6 +24,8 @@ const CALL_TIMEOUT_S: u64 = 360;
 /// `run.sh both` (core, then device): 540 s of check limits, two set-ups and reports; the
 /// device tool's most for one command.
 const BOTH_TIMEOUT_S: u64 = 600;
+/// An earlier call's packed kernel cache (run.sh writes it into each results folder).
+const CARRIED_CACHE: &str = "cubecl-cache.tar.gz";
 const USAGE: &str =
     "usage: cargo xtask gpu-check [--cuda-version NNNNN]   (default 13000: CUDA 13.0)";
 
@@ -65,11 +67,19 @@ pub fn gpu_check(args: &[String]) -> Result<(), String> {
     )?;
 
     let out = root.join(OUT_DIR);
+    // An earlier device call's kernel cache, put here to warm the next call (run.sh unpacks
+    // it), is kept across rebuilds.
+    let carried_cache = out.join(CARRIED_CACHE);
+    let cache = std::fs::read(&carried_cache).ok();
     if out.exists() {
         std::fs::remove_dir_all(&out)
             .map_err(|e| format!("cannot clear {}: {e}", out.display()))?;
     }
     std::fs::create_dir_all(&out).map_err(|e| format!("cannot create {}: {e}", out.display()))?;
+    if let Some(cache) = &cache {
+        std::fs::write(&carried_cache, cache)
+            .map_err(|e| format!("cannot keep {}: {e}", carried_cache.display()))?;
+    }
     let crate_dir = root.join("crates").join(PACKAGE);
     let files = [
         (target.join("release").join(PACKAGE), PACKAGE),
@@ -80,7 +90,7 @@ pub fn gpu_check(args: &[String]) -> Result<(), String> {
         ),
         (crate_dir.join("gpt2_torch.py"), "gpt2_torch.py"),
     ];
-    let mut total = 0;
+    let mut total = cache.as_ref().map_or(0, |c| c.len() as u64);
     for (from, name) in files {
         total += copy_executable(&from, &out.join(name))?;
     }
@@ -115,9 +125,19 @@ pub fn gpu_check(args: &[String]) -> Result<(), String> {
          end-to-end GPT-2 124M comparison with PyTorch (gpt-f32, gpt-bf16, torch-gpt; 300 s \
          of limits):\n\
          \n    run(command=\"bash {OUT_DIR}/run.sh gpt\", carry=[\"{OUT_DIR}\"], timeout_s={CALL_TIMEOUT_S})\n\
-         \nA suite alone: `run.sh core` or `run.sh device`, timeout_s={CALL_TIMEOUT_S}.\n",
+         \nA suite alone: `run.sh core` or `run.sh device`, timeout_s={CALL_TIMEOUT_S}.\n\
+         \nEach suite packs cubecl's compiled kernels and autotune results into its results \
+         folder (cubecl-cache.tar.gz): copy it into {OUT_DIR}/ (kept across rebuilds{}) and the \
+         next call starts warm.\n",
         binary as f64 / (1 << 20) as f64,
         total as f64 / (1 << 20) as f64,
+        match &cache {
+            Some(cache) => format!(
+                "; one is there now, {:.1} MiB",
+                cache.len() as f64 / (1 << 20) as f64
+            ),
+            None => String::new(),
+        },
     );
     Ok(())
 }

@@ -27,7 +27,16 @@
 //! (the average of one rank is its input), this does. Each case is checked and reported; one
 //! failure does not hide the others, nor stop the sub-checks after it.
 //!
-//! Then `ddp-step/views`: gradients the reducer must not reduce where they are, a parameter used
+//! Then `ddp-step/zero2`: ZeRO stage 2 (`shard_gradients` over the flat layout at world size 1,
+//! so the one shard is every gradient) on a fresh pair of models: one backward of each on the
+//! same batch, and the reduced shard (grouped in-place `ncclReduce` of each parameter piece to
+//! its owner, read back by the owner) against the plain model's gradients, flattened in visit
+//! order. It runs on a thread of its own with a `Ddp` of its own and a 70 s deadline, logging
+//! each phase it reaches, before the `Ddp` of the other lines is built: on the first H200 run it
+//! wrote nothing within the check's limit, and a slow or stuck zero2 must not cost the timed
+//! line (past the deadline its line fails naming the last phase).
+//!
+//! Then, on a new `Ddp`, `ddp-step/views`: gradients the reducer must not reduce where they are, a parameter used
 //! only transposed (its gradient is a strided view), two parameters added together (their
 //! gradients share memory with each other and with the rest of backward) and one whose rows
 //! cubecl-cuda pads: the gradients after `Ddp::backward` against the unsynchronized copy's,
@@ -35,14 +44,6 @@
 //! both of the pair, since burn-autodiff hands both parents of an add one `dy` and each hook
 //! fires while the other branch still holds it, and the padded one; `pitched_copies` 1; the
 //! same model on wgpu copies the first 3, `burn-dist/tests/device_twin.rs`).
-//!
-//! Then `ddp-step/zero2`: the same `Ddp` switched to ZeRO stage 2 (`shard_gradients` over the
-//! flat layout at world size 1, so the one shard is every gradient) on a fresh pair of models:
-//! one backward of each on the same batch, and the reduced shard (grouped in-place `ncclReduce`
-//! of each parameter piece to its owner, read back by the owner) against the plain model's
-//! gradients, flattened in visit order. It runs before the timed steps, so that a timeout in
-//! them does not cost the only device check of ZeRO-2; the timed models are prepared afresh,
-//! which ends the sharding.
 //!
 //! Then `ddp-step/warmup` (written as soon as the cold compilation and autotuning of the
 //! transformer's kernels is done, so a timeout after it still leaves that figure) and
@@ -124,12 +125,7 @@ impl Progress {
 }
 
 /// The sub-checks after `ddp-step/init`, each reported whether or not another one failed.
-const AFTER_INIT: [&str; 4] = [
-    "ddp-step/views",
-    "ddp-step/zero2",
-    "ddp-step/warmup",
-    "ddp-step",
-];
+const AFTER_INIT: [&str; 3] = ["ddp-step/views", "ddp-step/warmup", "ddp-step"];
 
 pub fn run(report: &mut Report, options: &Options) {
     if let Err(e) = check_cuda_runtime() {
@@ -145,31 +141,18 @@ pub fn run(report: &mut Report, options: &Options) {
     let buckets = burn_dist::BucketConfig::new()
         .with_first_bucket_bytes(FIRST_BUCKET_BYTES)
         .with_bucket_bytes(BUCKET_BYTES);
-    let mut ddp = match join(&device, DdpConfig::new().with_buckets(buckets.clone())) {
-        Ok(ddp) => ddp,
-        Err(e) => {
-            report.fail("ddp-step/init", e, json!({ "device": options.device }));
-            for check in AFTER_INIT {
-                report.fail(check, "not run: ddp-step/init failed", json!({}));
-            }
-            return;
-        }
-    };
-    match guarded(|| views(&mut ddp, &device)) {
-        Ok(Ok((status, fields))) => report.line("ddp-step/views", status, fields),
-        Ok(Err(e)) => report.fail("ddp-step/views", e, json!({})),
-        Err(panic) => report.fail("ddp-step/views", format!("panicked: {panic}"), json!({})),
-    }
-    // ZeRO-2 before the timed steps, on a thread of its own with its own `Ddp` and a
-    // deadline: the first H200 run (2026-12-04) wrote no zero2 line within the check's limit,
-    // and neither a slow nor a stuck zero2 may cost the timed line. Its phases go to the log.
+    // ZeRO-2 first, on a thread of its own with its own `Ddp` and a deadline: the first H200
+    // run (2026-12-04) wrote no zero2 line within the check's limit, and neither a slow nor a
+    // stuck zero2 may cost the timed line. Its phases go to the log. The `Ddp` of the lines
+    // after it is built once it is over (or given up on): the newest `Ddp` of a process
+    // serves the hooks, and dropping an older one leaves it in place.
     let progress = Progress::default();
     let watched = progress.clone();
     let (done, result) = std::sync::mpsc::channel();
-    let zero2_device = device.clone();
+    let (zero2_device, zero2_buckets) = (device.clone(), buckets.clone());
     std::thread::spawn(move || {
         let outcome = guarded(|| {
-            let mut ddp = join(&zero2_device, DdpConfig::new().with_buckets(buckets))?;
+            let mut ddp = join(&zero2_device, DdpConfig::new().with_buckets(zero2_buckets))?;
             zero2(&mut ddp, &zero2_device, &watched)
         });
         // The receiver may have stopped waiting (the deadline passed): nothing to tell then.
@@ -188,6 +171,21 @@ pub fn run(report: &mut Report, options: &Options) {
             ),
             json!({ "phase": progress.last() }),
         ),
+    }
+    let mut ddp = match join(&device, DdpConfig::new().with_buckets(buckets)) {
+        Ok(ddp) => ddp,
+        Err(e) => {
+            report.fail("ddp-step/init", e, json!({ "device": options.device }));
+            for check in AFTER_INIT {
+                report.fail(check, "not run: ddp-step/init failed", json!({}));
+            }
+            return;
+        }
+    };
+    match guarded(|| views(&mut ddp, &device)) {
+        Ok(Ok((status, fields))) => report.line("ddp-step/views", status, fields),
+        Ok(Err(e)) => report.fail("ddp-step/views", e, json!({})),
+        Err(panic) => report.fail("ddp-step/views", format!("panicked: {panic}"), json!({})),
     }
     match guarded(|| measure(report, &mut ddp, &device)) {
         Ok(Ok((status, fields))) => report.line("ddp-step", status, fields),

@@ -23,7 +23,12 @@ const BOTH_LIMIT_S: u64 = 540;
 
 const STAND_IN_BIN: &str = r#"#!/usr/bin/env bash
 first="${LD_LIBRARY_PATH%%:*}"
-echo "$1 ARGS=[$*] NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME:-} FIRST_DIR=$(ls "$first" | tr '\n' ,) LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}" >>"$FAKE_CALLS"
+# As cubecl does with `--cache DIR`: what the cache holds is read, and this check's kernel added.
+cache=""; previous=""
+for arg in "$@"; do [ "$previous" = --cache ] && cache="$arg"; previous="$arg"; done
+seen=""
+if [ -n "$cache" ]; then seen="$(ls "$cache" 2>/dev/null | tr '\n' ,)"; mkdir -p "$cache"; echo "$1" >"$cache/kernel-$1"; fi
+echo "$1 ARGS=[$*] CACHE_SEEN=$seen NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME:-} FIRST_DIR=$(ls "$first" | tr '\n' ,) LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}" >>"$FAKE_CALLS"
 case "$1" in
     versions) echo "nvrtc=$FAKE_NVRTC_VERSION driver=$FAKE_DRIVER_VERSION" ;;
     *) echo "{\"check\": \"$1/stand-in\", \"status\": \"pass\", \"unix_time\": 0}" >>"$3" ;;
@@ -590,4 +595,55 @@ echo "========= ERROR SUMMARY: 0 errors"
         "{}",
         run.stdout
     );
+}
+
+/// The kernel cache outlives the machine: each suite packs it into its results folder, and a
+/// pack carried beside run.sh is unpacked into an empty cache before the first check, so that
+/// the next call's checks find the kernels an earlier call compiled.
+#[test]
+fn the_kernel_cache_is_packed_and_a_carried_pack_warms_the_next_call() {
+    let machine = Machine::new();
+    let carried = machine.path("carried/cubecl-cache.tar.gz");
+    let first = machine.run(
+        "core",
+        &[("GPU_CHECK_CARRIED_CACHE", carried.to_str().unwrap())],
+    );
+    assert!(
+        first.call("kernels").contains(" CACHE_SEEN= "),
+        "the first call starts cold: {}",
+        first.calls
+    );
+    let pack = machine.path("out/cubecl-cache.tar.gz");
+    let listed = Command::new("tar")
+        .arg("-tzf")
+        .arg(&pack)
+        .output()
+        .expect("tar lists the pack");
+    let listed = String::from_utf8_lossy(&listed.stdout);
+    assert!(
+        listed.contains("kernel-kernels") && listed.contains("kernel-ddp-step"),
+        "the pack holds what the checks compiled: {listed}\n{}",
+        first.log
+    );
+    assert!(
+        first.log.contains("cubecl cache: packed into"),
+        "{}",
+        first.log
+    );
+
+    // The next call, on a fresh machine: the cache folder is gone, the pack was carried.
+    std::fs::create_dir_all(carried.parent().unwrap()).unwrap();
+    std::fs::copy(&pack, &carried).unwrap();
+    std::fs::remove_dir_all(machine.path("cache")).unwrap();
+    let next = machine.run(
+        "device",
+        &[("GPU_CHECK_CARRIED_CACHE", carried.to_str().unwrap())],
+    );
+    let seen = next.call("device-path");
+    assert!(
+        seen.contains("kernel-kernels") && seen.contains("kernel-ddp-step"),
+        "the carried kernels are there before the first check: {seen}\n{}",
+        next.log
+    );
+    assert!(next.log.contains("cubecl cache: unpacked"), "{}", next.log);
 }
