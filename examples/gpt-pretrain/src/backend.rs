@@ -21,24 +21,24 @@ pub fn run(args: &Args) -> Result<Outcome, String> {
             // Started by hand (no launcher variable), `Ddp::init` is a job of one rank.
             let mut ddp = Ddp::init(config).map_err(|e| format!("joining the job: {e}"))?;
             let keep = |zero, _: &Ddp| Ok(zero);
-            if args.zero_stage == 3 {
-                // ZeRO stage 3: the parameters are sharded too (burn-dist's `Sharded` mode).
-                return train::run_with::<Autodiff<DistributedBackend<Flex, Sharded>>>(
-                    args,
-                    &mut ddp,
-                    &FlexDevice,
-                    &keep,
-                );
-            }
-            train::run_with::<Autodiff<DistributedBackend<Flex>>>(
-                args,
-                &mut ddp,
-                &FlexDevice,
-                &keep,
-            )
+            in_mode::<Flex>(args, &mut ddp, &FlexDevice, &keep)
         }
         BackendKind::Wgpu => wgpu(args, config),
         BackendKind::Cuda => cuda(args, config),
+    }
+}
+
+/// The training loop on backend `X`, its parameters replicated or, at ZeRO stage 3, sharded
+/// too (burn-dist's `Sharded` mode: on the device path the pieces live in device memory).
+fn in_mode<X: burn::tensor::backend::Backend>(
+    args: &Args,
+    ddp: &mut Ddp,
+    device: &X::Device,
+    place: train::PlaceOptimizer,
+) -> Result<Outcome, String> {
+    match args.zero_stage {
+        3 => train::run_with::<Autodiff<DistributedBackend<X, Sharded>>>(args, ddp, device, place),
+        _ => train::run_with::<Autodiff<DistributedBackend<X>>>(args, ddp, device, place),
     }
 }
 
@@ -50,7 +50,7 @@ fn wgpu(args: &Args, config: DdpConfig) -> Result<Outcome, String> {
         Ddp::init_staged::<Wgpu>(config, &device).map_err(|e| format!("joining the job: {e}"))?;
     let on_device =
         |zero: burn_dist_zero::ZeroAdam, ddp: &Ddp| zero.on_device::<Wgpu>(ddp, &device);
-    train::run_with::<Autodiff<DistributedBackend<Wgpu>>>(args, &mut ddp, &device, &on_device)
+    in_mode::<Wgpu>(args, &mut ddp, &device, &on_device)
 }
 
 #[cfg(not(feature = "wgpu"))]
@@ -71,7 +71,7 @@ fn cuda(args: &Args, config: DdpConfig) -> Result<Outcome, String> {
         .map_err(|e| format!("--backend cuda: joining the job: {e}"))?;
     let on_device =
         |zero: burn_dist_zero::ZeroAdam, ddp: &Ddp| zero.on_device::<Cuda>(ddp, &device);
-    train::run_with::<Autodiff<DistributedBackend<Cuda>>>(args, &mut ddp, &device, &on_device)
+    in_mode::<Cuda>(args, &mut ddp, &device, &on_device)
 }
 
 #[cfg(not(feature = "cuda"))]

@@ -1,7 +1,7 @@
 //! The same program on every backend: `--backend wgpu` (Burn's `Wgpu`, fusion on, over Mesa's
 //! lavapipe here) keeps gradients, ZeroAdam's state and the parameters in device memory, and
-//! follows the `--backend flex` run step by step, at 1 and 2 ranks, at ZeRO stages 1 and 2, and
-//! in f16 with loss scaling. A checkpoint written on the device path resumes resharded.
+//! follows the `--backend flex` run step by step, at 1 and 2 ranks, at ZeRO stages 1, 2 and 3,
+//! and in f16 with loss scaling. A checkpoint written on the device path resumes resharded.
 //! A backend the binary was built without is refused by name.
 
 use std::process::Command;
@@ -24,7 +24,7 @@ const KEY_NOISE: Option<f64> = Some(1e-3);
 const F16_STEPS: f64 = 2e-3;
 
 #[test]
-fn wgpu_follows_flex_at_one_and_two_ranks_both_zero_stages_and_f16() {
+fn wgpu_follows_flex_at_one_and_two_ranks_every_zero_stage_and_f16() {
     burn_dist_kernels::testing::wgpu_client();
     let dir = scratch_dir("gpt-backends");
     // f16 with loss scaling: its first steps overflow and are skipped on both backends alike.
@@ -42,6 +42,12 @@ fn wgpu_follows_flex_at_one_and_two_ranks_both_zero_stages_and_f16() {
         (
             2,
             &["--zero-stage", "2"],
+            (STEP_TOLERANCE, Some((PARAM_TOLERANCE, KEY_NOISE))),
+        ),
+        // Stage 3: the pieces in device memory, every gather into fresh device buffers.
+        (
+            2,
+            &["--zero-stage", "3"],
             (STEP_TOLERANCE, Some((PARAM_TOLERANCE, KEY_NOISE))),
         ),
         // In f16 the tensors that start at zero (biases) differ by 10 % of their small norms
