@@ -84,6 +84,29 @@ impl NcclCollectives {
     }
 }
 
+impl NcclCollectives {
+    /// One call per owner's chunk of every `(slice, counts)` of `parts`: `call(owner)` on it
+    /// (NCCL's own reduce-scatter and all-gather take equal chunks only).
+    fn per_owner(
+        &self,
+        parts: &[(DeviceSlice<CudaRuntime>, Vec<usize>)],
+        op: &'static str,
+        call: impl Fn(usize) -> InPlaceOp,
+    ) -> Result<Vec<(DeviceSlice<CudaRuntime>, InPlaceOp)>> {
+        let mut calls = Vec::new();
+        for (slice, counts) in parts {
+            let chunks = chunk_ranges(counts, self.comm.world_size(), slice.len, self.rank(), op)?;
+            calls.extend(
+                chunks
+                    .into_iter()
+                    .enumerate()
+                    .map(|(owner, chunk)| (slice.range(chunk), call(owner))),
+            );
+        }
+        Ok(calls)
+    }
+}
+
 /// The device address of `handle`'s first byte (its offset into the memory page included),
 /// with cubecl's resource, which keeps the memory out of the pool while it lives.
 pub fn device_address(
@@ -139,16 +162,7 @@ impl DeviceCollectives<CudaRuntime> for NcclCollectives {
         op: ReduceOp,
     ) -> Result<DevicePending> {
         const OP: &str = "device reduce_scatter_each";
-        let mut calls = Vec::new();
-        for (slice, counts) in parts {
-            let chunks = chunk_ranges(counts, self.comm.world_size(), slice.len, self.rank(), OP)?;
-            calls.extend(
-                chunks
-                    .into_iter()
-                    .enumerate()
-                    .map(|(root, chunk)| (slice.range(chunk), InPlaceOp::Reduce { root, op })),
-            );
-        }
+        let calls = self.per_owner(parts, OP, |root| InPlaceOp::Reduce { root, op })?;
         self.group(OP, calls)
     }
 
@@ -158,16 +172,7 @@ impl DeviceCollectives<CudaRuntime> for NcclCollectives {
         _tag: u32,
     ) -> Result<DevicePending> {
         const OP: &str = "device all_gather";
-        let mut calls = Vec::new();
-        for (slice, counts) in parts {
-            let chunks = chunk_ranges(counts, self.comm.world_size(), slice.len, self.rank(), OP)?;
-            calls.extend(
-                chunks
-                    .into_iter()
-                    .enumerate()
-                    .map(|(root, chunk)| (slice.range(chunk), InPlaceOp::Broadcast { root })),
-            );
-        }
+        let calls = self.per_owner(parts, OP, |root| InPlaceOp::Broadcast { root })?;
         self.group(OP, calls)
     }
 

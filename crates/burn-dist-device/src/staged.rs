@@ -72,6 +72,40 @@ impl StagedCollectives {
     }
 }
 
+impl StagedCollectives {
+    /// Checks a grouped call's `(slice, counts)` parts (one dtype, counts that describe each
+    /// slice, slices inside their buffers); each part's chunk ranges, one per rank.
+    fn check_parts<R: Runtime>(
+        &self,
+        parts: &[(DeviceSlice<R>, Vec<usize>)],
+        op: &'static str,
+    ) -> Result<Vec<Vec<Range<usize>>>> {
+        let (rank, world) = (self.comm().rank(), self.comm().world_size());
+        let mut chunks = Vec::with_capacity(parts.len());
+        for (slice, counts) in parts {
+            let first = parts[0].0.dtype;
+            if slice.dtype != first {
+                return Err(DeviceError::MixedDTypes {
+                    rank,
+                    op,
+                    first,
+                    other: slice.dtype,
+                });
+            }
+            chunks.push(chunk_ranges(counts, world, slice.len, rank, op)?);
+            slice.check(rank, op)?;
+        }
+        Ok(chunks)
+    }
+}
+
+/// Each rank's count in a grouped host collective: its chunks of every part, summed.
+fn counts_by_rank(chunks: &[Vec<Range<usize>>], world: usize) -> Vec<usize> {
+    (0..world)
+        .map(|q| chunks.iter().map(|ranges| ranges[q].len()).sum())
+        .collect()
+}
+
 /// The elements of `buffers` one after the other (all of one dtype).
 fn concat(buffers: &[HostBuffer]) -> HostBuffer {
     let dtype = buffers
@@ -149,24 +183,14 @@ impl<R: Runtime> DeviceCollectives<R> for StagedCollectives {
     ) -> Result<DevicePending> {
         const OP: &str = "device reduce_scatter_each";
         let (rank, world) = (self.comm().rank(), self.comm().world_size());
-        let Some((first, _)) = parts.first() else {
+        if parts.is_empty() {
             return Ok(DevicePending::done());
-        };
-        let mut chunks = Vec::with_capacity(parts.len());
-        let mut local = Vec::with_capacity(parts.len());
-        for (slice, counts) in parts {
-            if slice.dtype != first.dtype {
-                return Err(DeviceError::MixedDTypes {
-                    rank,
-                    op: OP,
-                    first: first.dtype,
-                    other: slice.dtype,
-                });
-            }
-            chunks.push(chunk_ranges(counts, world, slice.len, rank, OP)?);
-            slice.check(rank, OP)?;
-            local.push(download(slice, &self.traffic, rank)?);
         }
+        let chunks = self.check_parts(parts, OP)?;
+        let local = parts
+            .iter()
+            .map(|(slice, _)| download(slice, &self.traffic, rank))
+            .collect::<Result<Vec<_>>>()?;
         // One host reduce-scatter: rank q's chunk is its chunks of every part, in part order.
         let mut by_rank = Vec::with_capacity(world * parts.len());
         for q in 0..world {
@@ -174,9 +198,7 @@ impl<R: Runtime> DeviceCollectives<R> for StagedCollectives {
                 by_rank.push(part.slice(ranges[q].clone()));
             }
         }
-        let counts = (0..world)
-            .map(|q| chunks.iter().map(|ranges| ranges[q].len()).sum())
-            .collect();
+        let counts = counts_by_rank(&chunks, world);
         let pending = self
             .comm
             .reduce_scatter_counts(concat(&by_rank), op, counts);
@@ -200,33 +222,19 @@ impl<R: Runtime> DeviceCollectives<R> for StagedCollectives {
     ) -> Result<DevicePending> {
         const OP: &str = "device all_gather";
         let (rank, world) = (self.comm().rank(), self.comm().world_size());
-        let Some((first, _)) = parts.first() else {
+        if parts.is_empty() {
             return Ok(DevicePending::done());
-        };
-        let mut chunks = Vec::with_capacity(parts.len());
-        let mut own = Vec::with_capacity(parts.len());
-        for (slice, counts) in parts {
-            if slice.dtype != first.dtype {
-                return Err(DeviceError::MixedDTypes {
-                    rank,
-                    op: OP,
-                    first: first.dtype,
-                    other: slice.dtype,
-                });
-            }
-            let ranges = chunk_ranges(counts, world, slice.len, rank, OP)?;
-            slice.check(rank, OP)?;
-            own.push(download(
-                &slice.range(ranges[rank].clone()),
-                &self.traffic,
-                rank,
-            )?);
-            chunks.push(ranges);
         }
+        let chunks = self.check_parts(parts, OP)?;
+        let own = parts
+            .iter()
+            .zip(&chunks)
+            .map(|((slice, _), ranges)| {
+                download(&slice.range(ranges[rank].clone()), &self.traffic, rank)
+            })
+            .collect::<Result<Vec<_>>>()?;
         // Rank q's chunk of the host all-gather: its chunks of every part, in part order.
-        let counts: Vec<usize> = (0..world)
-            .map(|q| chunks.iter().map(|ranges| ranges[q].len()).sum())
-            .collect();
+        let counts = counts_by_rank(&chunks, world);
         let pending = self.comm().all_gather_counts(concat(&own), counts, tag);
         let mut writes = Vec::new();
         let mut at = 0;

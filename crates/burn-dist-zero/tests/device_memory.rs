@@ -154,12 +154,28 @@ fn backward_transient(shard: u64, largest: u64) -> u64 {
     4 * shard + 2 * BUCKET_BYTES as u64 + 2 * 4 * largest + 2 * BUCKET_BYTES as u64
 }
 
-fn report(stage: u8, measured: &[Measured], between: u64, peak: u64) {
+/// Prints every rank's figures, then asserts them: between steps the formula (`between`) plus
+/// at most [`SMALL`], and a peak of at most `peak`.
+fn assert_fits(stage: u8, measured: &[Measured], between: u64, peak: u64) {
     for (rank, m) in measured.iter().enumerate() {
         eprintln!(
             "stage {stage}, rank {rank}: between steps {} B (formula {between} B), peak {} B \
              (bound {peak} B)",
             m.between_steps, m.peak
+        );
+    }
+    for (rank, m) in measured.iter().enumerate() {
+        assert!(
+            (between..=between + SMALL).contains(&m.between_steps),
+            "stage {stage}, rank {rank}: {} bytes between steps, the formula says {between} (+ at \
+             most {SMALL})",
+            m.between_steps
+        );
+        assert!(
+            m.peak <= peak,
+            "stage {stage}, rank {rank}: a peak of {} bytes during the step, above the bound of \
+             {peak}",
+            m.peak
         );
     }
 }
@@ -169,20 +185,7 @@ fn stage_two_holds_the_parameters_and_a_sixteen_byte_shard_per_element() {
     let (total, shard, largest) = sizes();
     let between = 4 * total + 16 * shard;
     let peak = between + backward_transient(shard, largest) + SMALL;
-    let measured = measure::<Stage2>(2);
-    report(2, &measured, between, peak);
-    for (rank, m) in measured.iter().enumerate() {
-        assert!(
-            (between..=between + SMALL).contains(&m.between_steps),
-            "rank {rank}: {} bytes between steps, the formula says {between} (+ at most {SMALL})",
-            m.between_steps
-        );
-        assert!(
-            m.peak <= peak,
-            "rank {rank}: a peak of {} bytes during the step, above the bound of {peak}",
-            m.peak
-        );
-    }
+    assert_fits(2, &measure::<Stage2>(2), between, peak);
 }
 
 #[test]
@@ -191,18 +194,5 @@ fn stage_three_holds_twelve_bytes_per_element_of_its_shard() {
     let between = 12 * shard;
     let gathered = (UNITS_AHEAD as u64 + 1) * BUCKET_BYTES as u64;
     let peak = between + backward_transient(shard, largest) + gathered + SMALL;
-    let measured = measure::<Stage3>(3);
-    report(3, &measured, between, peak);
-    for (rank, m) in measured.iter().enumerate() {
-        assert!(
-            (between..=between + SMALL).contains(&m.between_steps),
-            "rank {rank}: {} bytes between steps, the formula says {between} (+ at most {SMALL})",
-            m.between_steps
-        );
-        assert!(
-            m.peak <= peak,
-            "rank {rank}: a peak of {} bytes during the step, above the bound of {peak}",
-            m.peak
-        );
-    }
+    assert_fits(3, &measure::<Stage3>(3), between, peak);
 }
