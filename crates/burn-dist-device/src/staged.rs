@@ -200,7 +200,7 @@ impl<R: Runtime> DeviceCollectives<R> for StagedCollectives {
         }
         let counts = counts_by_rank(&chunks, world);
         let pending = self
-            .comm
+            .comm()
             .reduce_scatter_counts(concat(&by_rank), op, counts);
         let mut at = 0;
         let writes = parts

@@ -33,8 +33,9 @@
 //! its owner, read back by the owner) against the plain model's gradients, flattened in visit
 //! order. It runs on a thread of its own with a `Ddp` of its own and a 70 s deadline, logging
 //! each phase it reaches, before the `Ddp` of the other lines is built: on the first H200 run it
-//! wrote nothing within the check's limit, and a slow or stuck zero2 must not cost the timed
-//! line (past the deadline its line fails naming the last phase).
+//! wrote nothing within the check's limit, and a stuck zero2 must not eat the whole limit: past
+//! the deadline its line fails naming the last phase, and the lines after it are not run (its
+//! thread would still share the process's hooks).
 //!
 //! Then, on a new `Ddp`, `ddp-step/views`: gradients the reducer must not reduce where they are, a parameter used
 //! only transposed (its gradient is a strided view), two parameters added together (their
@@ -142,10 +143,10 @@ pub fn run(report: &mut Report, options: &Options) {
         .with_first_bucket_bytes(FIRST_BUCKET_BYTES)
         .with_bucket_bytes(BUCKET_BYTES);
     // ZeRO-2 first, on a thread of its own with its own `Ddp` and a deadline: the first H200
-    // run (2026-12-04) wrote no zero2 line within the check's limit, and neither a slow nor a
-    // stuck zero2 may cost the timed line. Its phases go to the log. The `Ddp` of the lines
-    // after it is built once it is over (or given up on): the newest `Ddp` of a process
-    // serves the hooks, and dropping an older one leaves it in place.
+    // run (2026-12-04) wrote no zero2 line within the check's limit, and a stuck zero2 must
+    // not eat it all. Its phases go to the log. The `Ddp` of the lines after it is built once
+    // it is over: the newest `Ddp` of a process serves the hooks, and dropping an older one
+    // leaves it in place.
     let progress = Progress::default();
     let watched = progress.clone();
     let (done, result) = std::sync::mpsc::channel();
@@ -162,15 +163,28 @@ pub fn run(report: &mut Report, options: &Options) {
         Ok(Ok(Ok((status, fields)))) => report.line("ddp-step/zero2", status, fields),
         Ok(Ok(Err(e))) => report.fail("ddp-step/zero2", e, json!({})),
         Ok(Err(panic)) => report.fail("ddp-step/zero2", format!("panicked: {panic}"), json!({})),
-        Err(_) => report.fail(
-            "ddp-step/zero2",
-            format!(
-                "no result within {} s; the last phase it reached: {}",
-                ZERO2_DEADLINE.as_secs(),
-                progress.last()
-            ),
-            json!({ "phase": progress.last() }),
-        ),
+        Err(_) => {
+            report.fail(
+                "ddp-step/zero2",
+                format!(
+                    "no result within {} s; the last phase it reached: {}",
+                    ZERO2_DEADLINE.as_secs(),
+                    progress.last()
+                ),
+                json!({ "phase": progress.last() }),
+            );
+            // Its thread goes on, and its backward would report to whichever `Ddp` of this
+            // process is newest: the lines after it would measure nothing they could trust.
+            for check in AFTER_INIT {
+                report.fail(
+                    check,
+                    "not run: ddp-step/zero2 did not finish, and its thread shares the \
+                     process's hooks",
+                    json!({}),
+                );
+            }
+            return;
+        }
     }
     let mut ddp = match join(&device, DdpConfig::new().with_buckets(buckets)) {
         Ok(ddp) => ddp,

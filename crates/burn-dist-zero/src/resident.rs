@@ -345,27 +345,30 @@ impl<B: CubeResident> ResidentState for Resident<B> {
     }
 
     fn load(&mut self, master: &[f32], m: &[f32], v: &[f32], steps_taken: u32) -> Result<()> {
-        let zeros = vec![0.0; master.len()];
         let model_dtype = self.buffers.model_dtype;
-        let old = std::mem::replace(
-            &mut self.buffers,
-            self.fused
-                .upload(master, m, v, steps_taken, &zeros, 1.0, model_dtype),
-        );
+        let pieces_are_master = self.stage3 && model_dtype == ModelDtype::None;
+        if pieces_are_master {
+            // Stage 3 in f32: the model's pieces are the master weights, written in place
+            // before anything else changes.
+            let pieces = self.f32_buffer(&self.buffers.master);
+            let values = burn_dist_comm::HostBuffer::F32(master.to_vec());
+            upload_into(&pieces, &values, self.counter(), self.rank)?;
+        }
+        let zeros = vec![0.0; master.len()];
+        let fresh = self
+            .fused
+            .upload(master, m, v, steps_taken, &zeros, 1.0, model_dtype);
+        let old = std::mem::replace(&mut self.buffers, fresh);
         // The decay mask is the layout's and the rule's, not the state's: it stays.
         self.buffers.decay_mask = old.decay_mask;
-        if self.stage3 {
-            // The model's pieces keep their buffer: in f32 they are the master weights, written
-            // in place; otherwise the caller writes the rounded master into them.
-            match model_dtype {
-                ModelDtype::None => {
-                    let pieces = self.f32_buffer(&old.master);
-                    let values = burn_dist_comm::HostBuffer::F32(master.to_vec());
-                    upload_into(&pieces, &values, self.counter(), self.rank)?;
-                    self.buffers.master = old.master;
-                }
-                _ => self.buffers.model = old.model,
-            }
+        if pieces_are_master {
+            self.buffers.master = old.master;
+        } else if self.stage3 {
+            // Below f32 the pieces are the model copy; the caller writes the rounded master.
+            self.buffers.model = old.model;
+        }
+        if self.grads_from_reducer {
+            self.buffers.grads = self.client().empty(4);
         }
         Ok(())
     }

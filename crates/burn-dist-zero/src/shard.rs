@@ -291,14 +291,13 @@ impl Shard {
             if let Some(device) = self.device.as_mut() {
                 device.load(&shard.master, &shard.m, &shard.v, steps)?;
             }
-            // Stage 3 below f32: the model's pieces are the master weights, rounded (in f32
-            // the load wrote them in place).
-            if let Some(shards) = &self.shards
-                && shards
-                    .device_shard()
-                    .is_some_and(|(_, dtype)| dtype != burn::tensor::DType::F32)
-            {
-                shards.write_shard(&shard.master);
+            // Stage 3: the model's pieces are the master weights (in f32 the load wrote them in
+            // place), rounded below f32; what was gathered ahead from them is stale either way.
+            if let Some(shards) = &self.shards {
+                match shards.device_shard() {
+                    Some((_, burn::tensor::DType::F32)) => shards.pieces_changed(),
+                    _ => shards.write_shard(&shard.master),
+                }
             }
             self.time = shard.time;
             self.skipped = shard.skipped;

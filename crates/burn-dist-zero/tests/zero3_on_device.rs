@@ -207,3 +207,172 @@ fn stage_three_on_device_needs_the_pieces_in_device_memory() {
         "{error}"
     );
 }
+
+/// One step of the test MLP on this rank's rows of batch `step`, in the model's dtype.
+fn mlp_step<B: AutodiffBackend>(
+    ddp: &mut Ddp,
+    model: burn_dist_testing::Mlp<B>,
+    zero: &mut burn_dist_zero::ZeroAdam,
+    (rank, world, step): (usize, usize, usize),
+    dtype: burn::tensor::FloatDType,
+    device: &B::Device,
+) -> burn_dist_testing::Mlp<B> {
+    use burn_dist_testing::{MLP_SIZES, shard_rows, synthetic_rows};
+    let [input, .., output] = MLP_SIZES;
+    let rows = shard_rows(GLOBAL_BATCH, rank, world);
+    let x =
+        synthetic_rows::<B, 2>(0, step, [GLOBAL_BATCH, input], rows.clone(), device).cast(dtype);
+    let y = synthetic_rows::<B, 2>(1, step, [GLOBAL_BATCH, output], rows, device).cast(dtype);
+    let loss = (model.forward(x) - y).powi_scalar(2).mean();
+    let grads = ddp.backward(loss, &model).unwrap().unwrap();
+    zero.step(LR, model, grads, ddp).unwrap().0
+}
+
+/// What [`on_device_ranks`] hands each rank: its `Ddp`, its prepared MLP and its ZeroAdam in
+/// device memory.
+type RankBody<'a, T> = &'a (
+        dyn Fn(usize, &mut Ddp, burn_dist_testing::Mlp<OnWgpu>, &mut burn_dist_zero::ZeroAdam) -> T
+            + Sync
+    );
+
+/// `world` thread ranks on wgpu at stage 3, each running `body` on its MLP cast to `dtype`.
+fn on_device_ranks<T: Send>(
+    world: usize,
+    dtype: burn::tensor::FloatDType,
+    body: RankBody<'_, T>,
+) -> Vec<T> {
+    use burn::module::Module;
+    use burn_dist_testing::{Cast, MLP_SIZES, Mlp};
+    burn_dist_kernels::testing::wgpu_client();
+    let device = WgpuDevice::default();
+    let comms = HostCommunicator::local_group(world, &CommConfig::default());
+    burn_dist_comm::testing::run_ranks(comms, |rank, comm| {
+        let mut ddp = Ddp::for_thread_staged::<Wgpu>(comm, small_bucket_config(1), &device);
+        let model = Mlp::<OnWgpu>::new(&MLP_SIZES, 7, &device).map(&mut Cast(dtype));
+        let model = ddp.prepare_sharded(model).unwrap();
+        let mut zero = ZeroAdamConfig::new()
+            .with_stage(3)
+            .init::<OnWgpu, _>(&ddp, &model)
+            .unwrap()
+            .on_device::<Wgpu>(&ddp, &device)
+            .unwrap();
+        body(rank, &mut ddp, model, &mut zero)
+    })
+}
+
+/// The state of ZeroAdam at stage 3 on the device round-trips exactly, and importing an earlier
+/// state resumes bitwise as if the later steps had not happened: in f32 the import writes the
+/// master weights into the model's pieces in place, which the next step must still update.
+#[test]
+fn stage_three_on_the_device_resumes_from_an_imported_state_bitwise() {
+    use burn::tensor::FloatDType;
+    use burn_dist_testing::parameters;
+    let world = 2;
+    let device = WgpuDevice::default();
+    let train = |resume: bool| {
+        on_device_ranks(world, FloatDType::F32, &|rank, ddp, mut model, zero| {
+            let f32 = FloatDType::F32;
+            for s in 0..3 {
+                model = mlp_step(ddp, model, zero, (rank, world, s), f32, &device);
+            }
+            let saved = zero.export();
+            if resume {
+                // One step more, then back to the state after step 3.
+                model = mlp_step(ddp, model, zero, (rank, world, 3), f32, &device);
+                zero.import(saved.clone()).unwrap();
+                assert!(
+                    zero.export() == saved,
+                    "rank {rank}: the import did not round-trip"
+                );
+                let pieces = ddp.param_shards().unwrap().shard_values();
+                assert!(
+                    pieces == saved.master,
+                    "rank {rank}: the model's pieces are not the imported master weights"
+                );
+            }
+            for s in 3..5 {
+                model = mlp_step(ddp, model, zero, (rank, world, s), f32, &device);
+            }
+            parameters::<OnWgpu, _>(&model)
+        })
+    };
+    let uninterrupted = train(false);
+    let resumed = train(true);
+    for (rank, (a, b)) in uninterrupted.iter().zip(&resumed).enumerate() {
+        assert!(
+            a == b,
+            "rank {rank}: the resumed run differs from the uninterrupted one"
+        );
+    }
+}
+
+/// f16 parameters at stage 3 on the device: the pieces are f16 in device memory, ZeroAdam keeps
+/// f32 master weights and writes its rounded copy into them; the run follows the host path's
+/// stage 3 on Flex in f16 to f16's rounding.
+#[test]
+fn stage_three_on_the_device_trains_f16_parameters_like_the_host_path() {
+    use burn::module::Module;
+    use burn::tensor::FloatDType;
+    use burn_dist_testing::{Cast, MLP_SIZES, Mlp, parameters};
+    let (world, steps, f16) = (2, 4, FloatDType::F16);
+    let device = WgpuDevice::default();
+    let on_device = on_device_ranks(world, f16, &|rank, ddp, mut model, zero| {
+        for s in 0..steps {
+            model = mlp_step(ddp, model, zero, (rank, world, s), f16, &device);
+        }
+        parameters::<OnWgpu, _>(&model)
+    });
+    let comms = HostCommunicator::local_group(world, &CommConfig::default());
+    let on_host = burn_dist_comm::testing::run_ranks(comms, |rank, comm| {
+        let mut ddp = Ddp::for_thread(comm, small_bucket_config(1));
+        let model = Mlp::<OnFlex>::new(&MLP_SIZES, 7, &FlexDevice).map(&mut Cast(f16));
+        let mut model = ddp.prepare_sharded(model).unwrap();
+        let mut zero = ZeroAdamConfig::new()
+            .with_stage(3)
+            .init::<OnFlex, _>(&ddp, &model)
+            .unwrap();
+        for s in 0..steps {
+            model = mlp_step(
+                &mut ddp,
+                model,
+                &mut zero,
+                (rank, world, s),
+                f16,
+                &FlexDevice,
+            );
+        }
+        parameters::<OnFlex, _>(&model)
+    });
+    assert!(on_device[1] == on_device[0], "the ranks differ");
+    // f16's own rounding, and the two backends' f16 kernels round differently.
+    assert_close(
+        &on_device[0],
+        &on_host[0],
+        1e-2,
+        "f16 at stage 3, device vs host",
+    );
+}
+
+/// A model of another backend than the device path's is refused when it is prepared, naming
+/// both, instead of failing in its first op's gather.
+#[test]
+fn a_model_of_another_backend_than_the_device_paths_is_refused_by_name() {
+    type WithoutFusion = Autodiff<
+        DistributedBackend<
+            burn_cubecl::CubeBackend<burn_wgpu::WgpuRuntime, f32, i32, u32>,
+            Sharded,
+        >,
+    >;
+    burn_dist_kernels::testing::wgpu_client();
+    let device = WgpuDevice::default();
+    let comm = HostCommunicator::local_group(1, &CommConfig::default()).remove(0);
+    // The device path of Burn's `Wgpu` (fusion on).
+    let mut ddp = Ddp::for_thread_staged::<Wgpu>(comm, small_bucket_config(1), &device);
+    let model =
+        burn_dist_testing::Mlp::<WithoutFusion>::new(&burn_dist_testing::MLP_SIZES, 7, &device);
+    let error = ddp.prepare_sharded(model).expect_err("refused").to_string();
+    assert!(
+        error.contains("FusionTensor") && error.contains("CubeTensor"),
+        "{error}"
+    );
+}

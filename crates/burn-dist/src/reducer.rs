@@ -634,6 +634,7 @@ impl Reducer {
         }
         let last = step.remaining.iter().all(|&r| r == 0);
         self.launch_ready()?;
+        self.take_in_finished()?;
         if let Some(mut observer) = self.observer.take() {
             observer(self, ReducerEvent::Gradient { param: p, last });
             self.observer = Some(observer);
@@ -698,7 +699,6 @@ impl Reducer {
             self.stats.collectives += 1;
             step.launched += 1;
         }
-        self.take_in_finished()?;
         self.bound_in_flight()
     }
 

@@ -70,6 +70,13 @@ fn comm_error(error: DeviceError) -> CommError {
     }
 }
 
+/// A read or write of the pieces that the device refused (lost, out of memory): the callers
+/// (checkpoints, records, a host optimizer) return no error, so it ends the rank with what
+/// went wrong.
+fn failed(what: &str, error: DeviceError) -> ! {
+    panic!("burn-dist: {what}: {error}")
+}
+
 /// [`DevicePieces`] of backend `B`.
 pub(crate) struct CubePieces<B: CubeResident> {
     gathers: Arc<dyn DeviceCollectives<B::Runtime>>,
@@ -158,7 +165,7 @@ impl<B: CubeResident> DevicePieces for CubePieces<B> {
 
     fn shard_values(&self) -> Vec<f32> {
         download(&self.shard, self.gathers.traffic(), self.rank)
-            .expect("the shard lies in its own buffer")
+            .unwrap_or_else(|e| failed("reading this rank's pieces from the device", e))
             .to_f32_vec()
     }
 
@@ -167,12 +174,12 @@ impl<B: CubeResident> DevicePieces for CubePieces<B> {
         let data = TensorData::new(values.to_vec(), [values.len()]).convert_dtype(self.dtype);
         let values = self.host_buffer(&data.into_bytes());
         upload_into(&self.shard, &values, self.gathers.traffic(), self.rank)
-            .expect("a whole shard of the shard's dtype");
+            .unwrap_or_else(|e| failed("writing this rank's pieces to the device", e));
     }
 
     fn read(&self, range: Range<usize>) -> Vec<u8> {
         download(&self.shard.range(range), self.gathers.traffic(), self.rank)
-            .expect("a range of the shard")
+            .unwrap_or_else(|e| failed("reading a piece from the device", e))
             .as_bytes()
             .to_vec()
     }
@@ -185,7 +192,7 @@ impl<B: CubeResident> DevicePieces for CubePieces<B> {
             self.gathers.traffic(),
             self.rank,
         )
-        .expect("a range of the shard, in its dtype");
+        .unwrap_or_else(|e| failed("writing a piece to the device", e));
     }
 
     fn shard(&self) -> (Handle, DType) {

@@ -325,6 +325,19 @@ impl Ddp {
         B: AutodiffBackend<InnerBackend = DistributedBackend<X, Sharded>>,
         M: Module<B>,
     {
+        // On the device path the pieces go to the device store's memory, whose backend must be
+        // this model's: refused here, by name, rather than in the first op's gather.
+        #[cfg(feature = "device")]
+        if self.reduces_on_device() {
+            let primitive = std::any::TypeId::of::<X::FloatTensorPrimitive>();
+            let shared = self.shared_reducer();
+            if let Err(expected) = crate::context::lock(&shared).accepts_device(primitive) {
+                return Err(DistError::WrongBackend {
+                    expected: expected.to_string(),
+                    got: std::any::type_name::<X::FloatTensorPrimitive>().to_string(),
+                });
+            }
+        }
         let mut plan = ShardPlan::default();
         model.visit(&mut plan);
         self.check_same_model(&plan.lines)?;
