@@ -262,6 +262,9 @@ impl Reducer {
         if let Store::Device(device) = &mut self.store {
             device.register(vec![burn::tensor::DType::F32; params.len()]);
         }
+        // A layout rebuilt for the model registered before would be swapped in at the next
+        // backward, with that model's slots.
+        self.next_layout = None;
         self.rebuilt = false;
         self.sharded = None;
         self.micro_batch = 0;

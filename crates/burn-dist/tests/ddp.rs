@@ -9,6 +9,7 @@ use burn::tensor::Tensor;
 use burn_dist::{BucketConfig, Ddp, DdpConfig, DistError, DistributedBackend, ReducerEvent};
 use burn_dist_comm::testing::run_ranks;
 use burn_dist_comm::{CommConfig, HostCommunicator};
+use burn_dist_testing::step::{StepConfig, transformer_step};
 use burn_dist_testing::{
     BurnAdam, MLP_SIZES as MLP, Mlp, Synthetic, TRANSFORMER_WIDTH, TransformerBlock, parameters,
     shard_rows, synthetic_rows, train_ranks,
@@ -610,6 +611,54 @@ fn dropping_an_older_ddp_keeps_the_newer_one_in_place() {
             newer.stats().backwards,
             1,
             "rank {rank}: the newer Ddp's reducer saw no backward"
+        );
+    });
+}
+
+/// One `Ddp` prepares a second model after training the first (the device check prepares a
+/// small model, then the timed one): the second trains as a plain model on the same batches
+/// does, with none of the first model's bucket layout (rebuilt after its first backward)
+/// left to swap in.
+#[test]
+fn a_ddp_prepared_again_trains_the_new_model_with_its_own_layout() {
+    let comm = comms(2);
+    run_ranks(comm, |rank, comm| {
+        let mut ddp = Ddp::for_thread(comm, config());
+        let first = ddp.prepare(Mlp::<B>::new(&MLP, 7, &FlexDevice)).unwrap();
+        let x = rows::<2>(0, 0, [1, MLP[0]], 0..1);
+        ddp.backward(first.forward(x).mean(), &first).unwrap();
+
+        let step = StepConfig {
+            d_model: TRANSFORMER_WIDTH,
+            heads: 2,
+            batch: 2,
+            seq: 3,
+            seed: 11,
+        };
+        let mut synced = ddp.prepare(step.model::<B>(&FlexDevice)).unwrap();
+        let mut plain = step.model::<B>(&FlexDevice);
+        assert!(
+            parameters(&synced).len() > parameters(&first).len(),
+            "the second model must have more parameter tensors than the first to catch a stale \
+             layout"
+        );
+        let (mut synced_optim, mut plain_optim) =
+            (AdamConfig::new().init(), AdamConfig::new().init());
+        for s in 0..3 {
+            // The same batch on every rank: the mean over ranks is each rank's gradient.
+            let (x, y) = step.batch::<B>(s, &FlexDevice);
+            synced = transformer_step(synced, &mut synced_optim, x.clone(), y.clone(), LR).0;
+            plain = transformer_step(plain, &mut plain_optim, x, y, LR).0;
+        }
+        assert_eq!(
+            ddp.stats().backwards,
+            4,
+            "rank {rank}: backwards seen by the reducer"
+        );
+        assert_close(
+            &parameters(&synced),
+            &parameters(&plain),
+            &format!("rank {rank}: the second model"),
         );
     });
 }
