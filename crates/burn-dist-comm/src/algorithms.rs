@@ -211,15 +211,16 @@ pub(crate) fn all_gather(
     Ok(full)
 }
 
-/// Concatenates every rank's chunk of `counts[q]` elements, in rank order.
+/// Concatenates every rank's chunk of `counts[q]` elements, in rank order, into `full` (as
+/// many elements as `counts` sums to, of the shard's dtype).
 pub(crate) fn all_gather_counts(
     t: &mut dyn Transport,
     op: &OpDesc,
     shard: &HostBuffer,
     counts: &[usize],
+    mut full: HostBuffer,
 ) -> Result<HostBuffer> {
     let dtype = shard.dtype();
-    let mut full = HostBuffer::for_result(dtype, counts.iter().sum());
     let ranges = count_bytes(counts, dtype.size());
     full.as_bytes_mut()[ranges[t.rank()].clone()].copy_from_slice(shard.as_bytes());
     let chunks = split_by_sizes(full.as_bytes_mut(), ranges.iter().map(Range::len));

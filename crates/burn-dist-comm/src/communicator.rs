@@ -117,8 +117,15 @@ enum Job {
     /// With every rank's element count (the even [`chunk_range`] split unless given).
     ReduceScatter(HostBuffer, ReduceOp, Vec<usize>, Done<HostBuffer>),
     AllGather(HostBuffer, usize, Done<HostBuffer>),
-    /// This rank's chunk, every rank's element count, the tag.
-    AllGatherCounts(HostBuffer, Vec<usize>, u32, Done<HostBuffer>),
+    /// This rank's chunk, every rank's element count, the tag, and the buffer to write the
+    /// result into (a fresh one when `None`).
+    AllGatherCounts(
+        HostBuffer,
+        Vec<usize>,
+        u32,
+        Option<HostBuffer>,
+        Done<HostBuffer>,
+    ),
     Broadcast(HostBuffer, usize, Done<HostBuffer>),
     Barrier(Done<()>),
     /// Names for tags, index `tag - 1` (not a collective: no message, no sequence number).
@@ -239,7 +246,21 @@ impl HostCommunicator {
         counts: Vec<usize>,
         tag: u32,
     ) -> Pending<HostBuffer> {
-        self.submit(|done| Job::AllGatherCounts(shard, counts, tag, done))
+        self.submit(|done| Job::AllGatherCounts(shard, counts, tag, None, done))
+    }
+
+    /// [`HostCommunicator::all_gather_counts`] into `into`, which is returned holding the
+    /// result: it must hold as many elements as `counts` sums to, of the shard's dtype (its
+    /// contents are overwritten). A caller that keeps its result buffers (stage 3 gathers the
+    /// same parameters every step) reuses them instead of faulting in fresh memory each time.
+    pub fn all_gather_counts_into(
+        &self,
+        shard: HostBuffer,
+        counts: Vec<usize>,
+        tag: u32,
+        into: HostBuffer,
+    ) -> Pending<HostBuffer> {
+        self.submit(|done| Job::AllGatherCounts(shard, counts, tag, Some(into), done))
     }
 
     /// Stops the group because of `reason`, a failure the caller found (say, a rank whose
@@ -435,12 +456,13 @@ impl Worker {
                 };
                 self.finish(done, result);
             }
-            Job::AllGatherCounts(shard, counts, tag, done) => {
+            Job::AllGatherCounts(shard, counts, tag, into, done) => {
                 let op = OpDesc {
                     tag,
                     ..self.desc(OpKind::AllGather, Some(&shard), None)
                 };
-                let result = check_counts(&op, &counts, counts.iter().sum(), world)
+                let total: usize = counts.iter().sum();
+                let result = check_counts(&op, &counts, total, world)
                     .and_then(|()| {
                         if shard.len() == counts[rank] {
                             return Ok(());
@@ -452,8 +474,28 @@ impl Worker {
                         );
                         Err(CommError::invalid(op.to_string(), reason))
                     })
-                    .and_then(|()| {
-                        algorithms::all_gather_counts(&mut *self.transport, &op, &shard, &counts)
+                    .and_then(|()| match into {
+                        Some(into) if into.dtype() != shard.dtype() || into.len() != total => {
+                            let reason = format!(
+                                "rank {rank}'s result buffer holds {} {} elements; the result \
+                                 is {total} {} elements",
+                                into.len(),
+                                into.dtype(),
+                                shard.dtype()
+                            );
+                            Err(CommError::invalid(op.to_string(), reason))
+                        }
+                        Some(into) => Ok(into),
+                        None => Ok(HostBuffer::for_result(shard.dtype(), total)),
+                    })
+                    .and_then(|full| {
+                        algorithms::all_gather_counts(
+                            &mut *self.transport,
+                            &op,
+                            &shard,
+                            &counts,
+                            full,
+                        )
                     });
                 self.finish(done, result);
             }

@@ -195,8 +195,8 @@ fn all_gather_and_broadcast_match_reference(wire: Wire, lengths: &[usize]) {
 }
 
 /// Uneven chunks, empty ones included (stage 3's parameter pieces): every rank gets the
-/// concatenation, bitwise, whatever the dtype; the large splits take several messages' worth of
-/// a link's buffer.
+/// concatenation, bitwise, whatever the dtype, also into a reused buffer whose old contents
+/// must all be overwritten; the large splits take several messages' worth of a link's buffer.
 fn all_gather_counts_match_reference(wire: Wire) {
     let splits: [&[usize]; 7] = [
         &[5],
@@ -214,13 +214,21 @@ fn all_gather_counts_match_reference(wire: Wire) {
             let got = with_group(wire, world, |rank, comm| {
                 let start: usize = counts[..rank].iter().sum();
                 let shard = full.slice(start..start + counts[rank]);
-                comm.all_gather_counts(shard, counts.to_vec(), 7)
+                let fresh = comm
+                    .all_gather_counts(shard.clone(), counts.to_vec(), 7)
                     .wait()
-                    .unwrap()
+                    .unwrap();
+                let stale = rank_data(dtype, len, 31, 3);
+                let reused = comm
+                    .all_gather_counts_into(shard, counts.to_vec(), 7, stale)
+                    .wait()
+                    .unwrap();
+                (fresh, reused)
             });
-            for (rank, got) in got.iter().enumerate() {
+            for (rank, (fresh, reused)) in got.iter().enumerate() {
                 let what = format!("all_gather_counts {dtype} {counts:?} rank {rank}");
-                assert_bitwise(got, &full, &what);
+                assert_bitwise(fresh, &full, &what);
+                assert_bitwise(reused, &full, &format!("{what}, into a reused buffer"));
             }
         }
     }
@@ -257,6 +265,25 @@ fn all_gather_counts_refuse_a_chunk_of_another_length_naming_the_rank() {
     );
     for (rank, message) in got.iter().enumerate() {
         assert!(message.contains("rank 2"), "rank {rank}: {message}");
+    }
+}
+
+#[test]
+fn all_gather_counts_into_refuses_a_result_buffer_of_another_size_naming_the_rank() {
+    let got = with_group(Wire::Local, 2, |rank, comm| {
+        let into = HostBuffer::F32(vec![0.0; if rank == 1 { 3 } else { 4 }]);
+        comm.all_gather_counts_into(HostBuffer::F32(vec![0.0; 2]), vec![2, 2], 1, into)
+            .wait()
+            .unwrap_err()
+            .to_string()
+    });
+    assert!(
+        got[1].contains("rank 1's result buffer holds 3 f32 elements; the result is 4 f32"),
+        "{}",
+        got[1]
+    );
+    for (rank, message) in got.iter().enumerate() {
+        assert!(message.contains("rank 1"), "rank {rank}: {message}");
     }
 }
 
