@@ -1,6 +1,7 @@
 //! What ZeRO stage 3 holds, counted: each rank's pieces are exactly its part of the flat
 //! layout; an op holds the parameters it gathered only while it runs, one layer at a time;
-//! metadata and views never gather; backward gathers again what forward released. (With the
+//! metadata and views never gather; backward gathers again what forward released; the gathers'
+//! buffers are reused from the second step on, within what a step held at once. (With the
 //! gathers on demand: what prefetching adds is bounded in zero3_prefetch.rs.)
 
 use burn::backend::Autodiff;
@@ -112,6 +113,19 @@ fn each_rank_holds_its_part_of_the_flat_layout_and_ops_hold_one_layer_at_a_time(
                     4 * total
                 );
                 assert_eq!(after.shard_bytes, prepared.shard_bytes, "{what}: pieces");
+                // The gathers' buffers: none kept through the first step, then reused, and
+                // never more kept free than a step held at once.
+                let reused = after.reused_buffers - before.reused_buffers;
+                if s == 0 {
+                    assert_eq!(reused, 0, "{what}: nothing to reuse in the first step");
+                } else {
+                    assert!(reused > 0, "{what}: no gather reused a buffer");
+                }
+                assert!(
+                    after.pooled_bytes <= largest_layer_bytes,
+                    "{what}: {} bytes kept free, more than the {largest_layer_bytes} held at once",
+                    after.pooled_bytes
+                );
             }
         }
     }

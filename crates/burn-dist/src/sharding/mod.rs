@@ -36,6 +36,7 @@
 
 mod frame;
 mod handle;
+mod pool;
 mod prefetch;
 mod prepare;
 mod record;

@@ -31,8 +31,10 @@ enum InFlight {
 
 /// One gathered parameter.
 pub(crate) enum Part {
-    /// Its bytes, on the host (made a tensor of the backend by the gather's caller).
-    Host(Vec<u8>),
+    /// Its bytes, on the host (made a tensor of the backend by the gather's caller): its range
+    /// of the unit's gather buffer, which goes back to the pool when the unit's last
+    /// parameter is dropped.
+    Host(burn_backend::Bytes),
     /// Already a float primitive of the backend, in device memory (boxed: `ParamShards` is
     /// not generic over the backend).
     #[cfg(feature = "device")]
@@ -167,11 +169,12 @@ impl ParamShards {
         for i in params {
             piece.extend_from_slice(&self.piece_bytes(i));
         }
-        InFlight::Host(self.comm.gather_lane().all_gather_counts(
-            HostBuffer::U8(piece),
-            counts,
-            tag,
-        ))
+        let lane = self.comm.gather_lane();
+        let piece = HostBuffer::U8(piece);
+        InFlight::Host(match self.pool.take(counts.iter().sum()) {
+            Some(kept) => lane.all_gather_counts_into(piece, counts, tag, HostBuffer::U8(kept)),
+            None => lane.all_gather_counts(piece, counts, tag),
+        })
     }
 
     /// Parameter `index` alone, on demand.
@@ -218,27 +221,23 @@ impl ParamShards {
                 return Ok(tensors.into_iter().map(Part::Device).collect());
             }
         };
-        let mut bytes = match pending.wait()? {
+        let bytes = match pending.wait()? {
             HostBuffer::U8(bytes) => bytes,
             _ => unreachable!("a u8 all-gather returns u8"),
         };
-        // The first parameter keeps the result's allocation: a parameter alone (on demand,
-        // most of backward) is its bytes as they came, and a unit's first (a layer's weight,
-        // ahead of its bias) is not copied; only the parameters after it are.
-        let first = self.params[params.start].bytes();
-        let mut parts = Vec::with_capacity(params.len());
-        let mut rest = &bytes[first..];
-        for i in params.skip(1) {
-            let (mine, after) = rest.split_at(self.params[i].bytes());
-            parts.push(Part::Host(mine.to_vec()));
-            rest = after;
-        }
-        // Shrinking in place gives the rest back (glibc: a split chunk, or mremap for a
-        // large one) without copying what is kept.
-        bytes.truncate(first);
-        bytes.shrink_to_fit();
-        parts.insert(0, Part::Host(bytes));
-        Ok(parts)
+        // Each parameter is its range of the result, not a copy of it.
+        let mut start = 0;
+        let ranges: Vec<Range<usize>> = params
+            .map(|i| {
+                let range = start..start + self.params[i].bytes();
+                start = range.end;
+                range
+            })
+            .collect();
+        Ok(super::pool::split(bytes, &ranges, &self.pool)
+            .into_iter()
+            .map(Part::Host)
+            .collect())
     }
 
     /// Gathers no longer wanted: their bytes are no longer held. (Peers issued the same ones:

@@ -11,6 +11,7 @@ use burn_backend::{Backend, DType};
 use burn_dist_comm::{CommError, HostCommunicator};
 
 use super::frame::{self, Use};
+use super::pool::GatherPool;
 use super::prefetch::{Part, UnitGather};
 use super::schedule::{Phase, PrefetchConfig, Scheduler};
 use crate::error::{DistError, Result};
@@ -69,6 +70,12 @@ pub struct ShardStats {
     pub schedules: u64,
     /// Time ops waited for gathers to arrive, since the start, in nanoseconds.
     pub wait_nanos: u64,
+    /// Host gathers written into a buffer an earlier gather of the same size left, instead of
+    /// fresh memory, since the start (the pool keeps at most the previous step's peak of
+    /// gathered bytes).
+    pub reused_buffers: u64,
+    /// Bytes of such buffers kept free for the next gathers right now.
+    pub pooled_bytes: usize,
 }
 
 impl ShardStats {
@@ -122,6 +129,8 @@ pub struct ParamShards {
     probe: Probe,
     /// Each parameter's `ParamMapper` from before it was sharded (`record.rs` wraps it).
     pub(super) own_mappers: Mutex<Vec<Option<Box<dyn Any + Send + Sync>>>>,
+    /// The host gathers' buffers, reused from step to step (`pool.rs`).
+    pub(super) pool: Arc<GatherPool>,
 }
 
 /// This rank's part of the sharded parameters.
@@ -213,6 +222,7 @@ impl ParamShards {
             scheduler: Mutex::new(Scheduler::new(prefetch)),
             probe,
             own_mappers: Mutex::new((0..count).map(|_| None).collect()),
+            pool: Arc::default(),
         }
     }
 
@@ -321,6 +331,8 @@ impl ParamShards {
     pub fn stats(&self) -> ShardStats {
         let mut stats = self.state().stats;
         stats.off_schedule = self.scheduler().off_plan;
+        stats.reused_buffers = self.pool.reused();
+        stats.pooled_bytes = self.pool.free_bytes();
         stats
     }
 
@@ -356,7 +368,7 @@ impl ParamShards {
         self.count(index, counted);
         match part {
             Part::Host(bytes) => {
-                let data = TensorData::from_bytes_vec(bytes, info.shape.clone(), info.dtype);
+                let data = TensorData::from_bytes(bytes, info.shape.clone(), info.dtype);
                 B::float_from_data(data, device)
             }
             // The device store was built for the inner backend of this decorator: its
@@ -443,6 +455,8 @@ impl ParamShards {
         stats.uses = 0;
         stats.last_step_peak_bytes = stats.peak_live_bytes;
         stats.peak_live_bytes = stats.live_bytes;
+        // From the second step on, the pool keeps what the gathers held at most in a step.
+        self.pool.keep_at_most(stats.last_step_peak_bytes);
         ended
     }
 

@@ -1,0 +1,250 @@
+//! Stage 3's host gathers reuse their buffers, and their parameters become tensors without a
+//! copy.
+//!
+//! Every step gathers the same units of parameters, so a unit's buffer, once its parameters'
+//! tensors are dropped, goes back to a pool and the next gather of that size writes into it
+//! (`HostCommunicator::all_gather_counts_into`). Without it each gather mapped fresh memory
+//! (page faults on every step), and freed gathers between longer-lived activations fragmented
+//! glibc's heap (docs/perf/zero3.md, "The allocator decides the step time").
+//!
+//! The parameters of a unit share its buffer: each is a [`Bytes`] whose allocation controller
+//! ([`PartOfUnit`]) points at its own disjoint range. `TensorData::from_bytes_vec`, by contrast,
+//! copies any `Vec<u8>` whole (a byte vector is aligned to 1, and `Bytes` wants 16).
+
+use std::collections::HashMap;
+use std::mem::{ManuallyDrop, MaybeUninit};
+use std::ops::Range;
+use std::ptr::NonNull;
+use std::sync::{Arc, Mutex};
+
+use burn_std::bytes::{AllocationController, AllocationProperty, Bytes};
+
+/// The alignment `Bytes` asks of an allocation (cubecl-common's `MAX_ALIGN`, `u128`'s).
+const BYTES_ALIGN: usize = std::mem::align_of::<u128>();
+
+/// Buffers of finished gathers, by length, for the next gathers of the same length.
+#[derive(Debug, Default)]
+pub(crate) struct GatherPool {
+    free: Mutex<Free>,
+}
+
+#[derive(Debug, Default)]
+struct Free {
+    by_len: HashMap<usize, Vec<Vec<u8>>>,
+    /// Bytes of the buffers in `by_len`.
+    bytes: usize,
+    /// Bytes of the gathered units alive (their tensors not all dropped yet).
+    out: usize,
+    /// What units alive and free buffers may hold together: the gathers' own peak
+    /// (`GatherPool::keep_at_most`).
+    cap: usize,
+    reused: u64,
+}
+
+impl GatherPool {
+    /// A buffer of `len` bytes kept from an earlier gather, if one is free (its contents are
+    /// the old gather's: the next gather overwrites them all).
+    pub(crate) fn take(&self, len: usize) -> Option<Vec<u8>> {
+        let mut free = self.lock();
+        let buffer = free.by_len.get_mut(&len)?.pop()?;
+        free.bytes -= len;
+        free.reused += 1;
+        Some(buffer)
+    }
+
+    /// From now on keeps a finished gather's buffer only while the units alive and the free
+    /// buffers hold at most `bytes` together (the most gathered bytes a step held at once:
+    /// keeping buffers then raises no peak that the gathers themselves did not reach).
+    pub(crate) fn keep_at_most(&self, bytes: usize) {
+        let mut free = self.lock();
+        free.cap = free.cap.max(bytes);
+    }
+
+    /// Gathers that wrote into a kept buffer instead of a fresh one, since the start.
+    pub(crate) fn reused(&self) -> u64 {
+        self.lock().reused
+    }
+
+    /// Bytes of free buffers kept right now.
+    pub(crate) fn free_bytes(&self) -> usize {
+        self.lock().bytes
+    }
+
+    /// A unit of `len` bytes is alive.
+    fn lend(&self, len: usize) {
+        self.lock().out += len;
+    }
+
+    /// A unit's tensors are all dropped: its buffer is kept for the next gather of its size,
+    /// or freed.
+    fn give_back(&self, buffer: Vec<u8>) {
+        let mut free = self.lock();
+        let len = buffer.len();
+        free.out -= len;
+        if len == 0 || free.out + free.bytes + len > free.cap {
+            return;
+        }
+        free.bytes += len;
+        free.by_len.entry(len).or_default().push(buffer);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Free> {
+        // Nothing panics while holding it; a poisoned pool is still consistent.
+        self.free.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// One gather's result, shared by its parameters' tensors; back to the pool when the last is
+/// dropped.
+struct Unit {
+    /// The vector's raw parts: it is rebuilt (and given back) only on drop, so nothing else
+    /// holds a reference into it while the parts write their ranges.
+    ptr: NonNull<u8>,
+    len: usize,
+    capacity: usize,
+    pool: Arc<GatherPool>,
+}
+
+// SAFETY: `Unit` owns its buffer like a `Vec<u8>`; the parts touch disjoint ranges of it.
+unsafe impl Send for Unit {}
+unsafe impl Sync for Unit {}
+
+impl Drop for Unit {
+    fn drop(&mut self) {
+        // SAFETY: the raw parts of the vector `split` took apart, rebuilt once.
+        let buffer = unsafe { Vec::from_raw_parts(self.ptr.as_ptr(), self.len, self.capacity) };
+        self.pool.give_back(buffer);
+    }
+}
+
+/// Splits a gather's result into one [`Bytes`] per range of `ranges` (consecutive, covering
+/// the buffer or less), none of them copied; the buffer returns to `pool` when all are dropped.
+pub(crate) fn split(
+    buffer: Vec<u8>,
+    ranges: &[Range<usize>],
+    pool: &Arc<GatherPool>,
+) -> Vec<Bytes> {
+    pool.lend(buffer.len());
+    let mut buffer = ManuallyDrop::new(buffer);
+    let unit = Arc::new(Unit {
+        ptr: NonNull::new(buffer.as_mut_ptr()).expect("a vector's pointer is not null"),
+        len: buffer.len(),
+        capacity: buffer.capacity(),
+        pool: pool.clone(),
+    });
+    ranges
+        .iter()
+        .map(|range| {
+            assert!(range.end <= unit.len, "a part past its unit's end");
+            let part = PartOfUnit {
+                unit: unit.clone(),
+                range: range.clone(),
+            };
+            // SAFETY: the whole range is initialized (the gather wrote it, or an earlier one
+            // did, and `Vec<u8>`'s length covers it).
+            unsafe { Bytes::from_controller(Box::new(part), range.len()) }
+        })
+        .collect()
+}
+
+/// One parameter's bytes inside its unit's buffer.
+struct PartOfUnit {
+    unit: Arc<Unit>,
+    range: Range<usize>,
+}
+
+impl PartOfUnit {
+    fn start(&self) -> *mut u8 {
+        // SAFETY: `range` lies within the unit's buffer (checked in `split`).
+        unsafe { self.unit.ptr.as_ptr().add(self.range.start) }
+    }
+}
+
+impl AllocationController for PartOfUnit {
+    fn alloc_align(&self) -> usize {
+        // The alignment the range starts at: `Bytes` copies into a fresh allocation only a
+        // part that is less aligned than it asks (a parameter after one of an odd size).
+        let address = self.start() as usize;
+        (1usize << address.trailing_zeros()).min(BYTES_ALIGN)
+    }
+
+    fn property(&self) -> AllocationProperty {
+        AllocationProperty::Other
+    }
+
+    unsafe fn memory_mut(&mut self) -> &mut [MaybeUninit<u8>] {
+        // SAFETY: no other part covers this range, and `&mut self` is its only access.
+        unsafe { std::slice::from_raw_parts_mut(self.start().cast(), self.range.len()) }
+    }
+
+    fn memory(&self) -> &[MaybeUninit<u8>] {
+        // SAFETY: as above, shared.
+        unsafe { std::slice::from_raw_parts(self.start().cast(), self.range.len()) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A unit of one part: all of `buffer`.
+    fn whole(buffer: Vec<u8>, pool: &Arc<GatherPool>) -> Vec<Bytes> {
+        let len = buffer.len();
+        split(buffer, std::slice::from_ref(&(0..len)), pool)
+    }
+
+    fn pool(cap: usize) -> Arc<GatherPool> {
+        let pool = Arc::new(GatherPool::default());
+        pool.keep_at_most(cap);
+        pool
+    }
+
+    #[test]
+    fn parts_read_their_ranges_and_the_buffer_returns_when_the_last_is_dropped() {
+        let pool = pool(1 << 20);
+        let buffer: Vec<u8> = (0..48).collect();
+        let address = buffer.as_ptr();
+        let mut parts = split(buffer, &[0..16, 16..20, 20..48], &pool);
+        assert_eq!(&parts[1][..], &[16, 17, 18, 19]);
+        assert_eq!(parts[2][0], 20);
+        parts[0][3] = 99;
+        assert_eq!(parts[0][3], 99, "a part writes its own range");
+        assert_eq!(parts[1][0], 16, "and no other");
+        let last = parts.pop().unwrap();
+        drop(parts);
+        assert_eq!(pool.free_bytes(), 0, "a part is still alive");
+        drop(last);
+        assert_eq!(pool.free_bytes(), 48);
+        let again = pool.take(48).expect("kept for the next gather of 48 bytes");
+        assert_eq!(again.as_ptr(), address, "the same memory, not a copy");
+        assert_eq!(again[3], 99);
+        assert_eq!(pool.reused(), 1);
+        assert!(pool.take(48).is_none());
+    }
+
+    #[test]
+    fn units_alive_and_free_buffers_stay_within_the_cap() {
+        let pool = pool(100);
+        drop(whole(vec![0; 60], &pool));
+        drop(whole(vec![0; 60], &pool));
+        assert_eq!(pool.free_bytes(), 60, "a second 60 bytes would pass 100");
+        assert!(pool.take(61).is_none(), "kept by length");
+        let alive = whole(pool.take(60).unwrap(), &pool);
+        drop(whole(vec![0; 50], &pool));
+        assert_eq!(pool.free_bytes(), 0, "60 alive and 50 more would pass 100");
+        drop(alive);
+        assert_eq!(pool.free_bytes(), 60);
+    }
+
+    #[test]
+    fn a_part_reports_the_alignment_it_starts_at_and_clones_by_copying() {
+        let pool = pool(0);
+        let parts = split(vec![7; 64], &[0..3, 3..64], &pool);
+        // glibc aligns a vector of 64 bytes to at least 16.
+        assert_eq!(parts[0].align(), BYTES_ALIGN);
+        assert_eq!(parts[1].align(), 1, "3 bytes past a 16-aligned start");
+        let copy = parts[1].clone();
+        assert_eq!(&copy[..], &parts[1][..]);
+        assert_ne!(copy.as_ptr(), parts[1].as_ptr());
+    }
+}
