@@ -91,6 +91,12 @@ pub struct ShardRecord {
     /// in the first step, which records the schedule).
     #[serde(default)]
     pub prefetched: u64,
+    /// Host gathers of the step written into a buffer an earlier gather left (none in the
+    /// first step), and the bytes of such buffers kept free at the step's end.
+    #[serde(default)]
+    pub reused_buffers: u64,
+    #[serde(default)]
+    pub pooled_mib: f64,
 }
 
 /// Tokens per second of wall time: over one iteration, over a log interval and over the whole
@@ -260,6 +266,8 @@ mod tests {
                 reads: 0,
                 gather_wait_s: 0.25,
                 prefetched: 3,
+                reused_buffers: 2,
+                pooled_mib: 0.25,
             }),
             elapsed_s: 1.0,
             bytes_to_host: 4096,

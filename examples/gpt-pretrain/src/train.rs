@@ -353,6 +353,8 @@ impl<'a, B: DistributedAutodiff> Trainer<'a, B> {
                     reads: now.reads,
                     gather_wait_s: (now.wait_nanos - before.wait_nanos) as f64 * 1e-9,
                     prefetched: now.prefetched - before.prefetched,
+                    reused_buffers: now.reused_buffers - before.reused_buffers,
+                    pooled_mib: mib(now.pooled_bytes as u64),
                 }
             });
             let rate = clock.lap(tokens);
@@ -634,8 +636,9 @@ fn log_line(r: &StepRecord, steps: u64, tokens_per_s: f64, mfu: Option<f64>) -> 
     }
     if let Some(shards) = &r.shards {
         line += &format!(
-            " | shard {:.1} MiB, gathered {:.1} MiB at most, {:.2} s waiting for gathers",
-            shards.shard_mib, shards.gathered_peak_mib, shards.gather_wait_s
+            " | shard {:.1} MiB, gathered {:.1} MiB at most, {:.2} s waiting for gathers, \
+             {} into kept buffers",
+            shards.shard_mib, shards.gathered_peak_mib, shards.gather_wait_s, shards.reused_buffers
         );
     }
     line
