@@ -184,7 +184,7 @@ impl From<Vec<u8>> for HostBuffer {
 /// glibc's default settings the advice covers a mapping of the buffer's own, never part of the
 /// heap. (A program that raises `M_MMAP_THRESHOLD` above it, or another allocator, may see part
 /// of its heap advised: harmless to contents, possibly more memory in huge pages.)
-pub(crate) const HUGE_PAGE_RESULT_BYTES: usize = 32 << 20;
+pub const HUGE_PAGE_RESULT_BYTES: usize = 32 << 20;
 
 /// Advises the 2 MiB-aligned part of `bytes` (untouched memory of a fresh mapping) to be backed
 /// by transparent huge pages. Advice only: where it is refused nothing changes.

@@ -38,7 +38,7 @@ pub mod threads;
 mod transport;
 mod wire;
 
-pub use buffer::{DType, HostBuffer, ReduceOp};
+pub use buffer::{DType, HUGE_PAGE_RESULT_BYTES, HostBuffer, ReduceOp};
 pub use communicator::{Communicator, HostCommunicator, Pending};
 pub use config::{CommConfig, DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_TIMEOUT, MAX_TIMEOUT};
 pub use env::RankInfo;

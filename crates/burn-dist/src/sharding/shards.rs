@@ -456,7 +456,7 @@ impl ParamShards {
         stats.last_step_peak_bytes = stats.peak_live_bytes;
         stats.peak_live_bytes = stats.live_bytes;
         // From the second step on, the pool keeps what the gathers held at most in a step.
-        self.pool.keep_at_most(stats.last_step_peak_bytes);
+        self.pool.end_step();
         ended
     }
 
