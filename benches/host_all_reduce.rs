@@ -6,6 +6,11 @@
 //! all-reduce (at 2 ranks, bytes / time) and (n−1)/n × bytes / time for an all-gather (at 2
 //! ranks, half the result's bytes / time), so the throughputs compare directly with memcpy's.
 //!
+//! The all-gather runs twice per link: into a fresh result each call (`all_gather`, what a
+//! caller that keeps nothing gets: a 64 MiB mapping whose pages fault in), and into a result
+//! buffer each rank kept from its previous call (`all_gather_counts_into`, what stage 3's
+//! pooled gathers do, and what gloo's `all_gather_into_tensor` into the caller's tensor does).
+//!
 //! A last measurement gives TCP's ceiling: two loopback sockets that each send and receive
 //! the 64 MiB an all-reduce moves per rank at 2 ranks, with nothing else to do.
 //!
@@ -79,6 +84,14 @@ fn all_gather_tcp(c: &mut Criterion) {
     all_gather(c, "all_gather_f32_2_ranks_tcp", Link::Tcp);
 }
 
+fn all_gather_kept_shared_memory(c: &mut Criterion) {
+    all_gather_into_kept(c, "all_gather_kept_f32_2_ranks_shm", Link::SharedMemory);
+}
+
+fn all_gather_kept_tcp(c: &mut Criterion) {
+    all_gather_into_kept(c, "all_gather_kept_f32_2_ranks_tcp", Link::Tcp);
+}
+
 /// An all-reduce (avg) of `BYTES` of f32: at 2 ranks its bus bandwidth is bytes / time.
 fn all_reduce(c: &mut Criterion, name: &str, link: Link) {
     let input = rank_data(DType::F32, BYTES / 4, 1, 0);
@@ -104,6 +117,35 @@ fn all_gather(c: &mut Criterion, name: &str, link: Link) {
         BYTES / 2,
         move |rank| shards[rank].clone(),
         move |comm, shard| comm.all_gather(shard, len).wait(),
+    );
+}
+
+/// [`all_gather`] into the result buffer the calling rank's thread kept from its previous
+/// call (the first call of a thread writes into a fresh one).
+fn all_gather_into_kept(c: &mut Criterion, name: &str, link: Link) {
+    thread_local! {
+        /// This rank's last result (rank 0 runs on criterion's thread, rank 1 on its own).
+        static KEPT: std::cell::RefCell<Option<HostBuffer>> = const { std::cell::RefCell::new(None) };
+    }
+    let len = BYTES / 4;
+    let shards = [0, 1].map(|rank| rank_data(DType::F32, len / 2, 1, rank));
+    mirrored(
+        c,
+        name,
+        link,
+        BYTES / 2,
+        move |rank| shards[rank].clone(),
+        move |comm, shard| {
+            let counts = vec![len / 2; 2];
+            let result = match KEPT.take() {
+                Some(kept) => comm.all_gather_counts_into(shard, counts, 1, kept),
+                None => comm.all_gather_counts(shard, counts, 1),
+            }
+            .wait()?;
+            KEPT.set(Some(result));
+            // Nothing to hand back: the result stays with the rank for its next call.
+            Ok(HostBuffer::zeros(DType::F32, 0))
+        },
     );
 }
 
@@ -169,6 +211,8 @@ criterion_group!(
     all_reduce_tcp,
     all_gather_shared_memory,
     all_gather_tcp,
+    all_gather_kept_shared_memory,
+    all_gather_kept_tcp,
     tcp_exchange
 );
 criterion_main!(benches);
