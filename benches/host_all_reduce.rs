@@ -105,19 +105,11 @@ fn all_reduce(c: &mut Criterion, name: &str, link: Link) {
     );
 }
 
-/// An all-gather of `BYTES / 2` of f32 per rank into `BYTES`: at 2 ranks its bus bandwidth
-/// ((n−1)/n · bytes / time) is `BYTES / 2` / time.
+/// An all-gather of `BYTES / 2` of f32 per rank into `BYTES`, into a fresh result each call.
 fn all_gather(c: &mut Criterion, name: &str, link: Link) {
-    let len = BYTES / 4;
-    let shards = [0, 1].map(|rank| rank_data(DType::F32, len / 2, 1, rank));
-    mirrored(
-        c,
-        name,
-        link,
-        BYTES / 2,
-        move |rank| shards[rank].clone(),
-        move |comm, shard| comm.all_gather(shard, len).wait(),
-    );
+    gathers(c, name, link, |comm, shard, len| {
+        comm.all_gather(shard, len).wait()
+    });
 }
 
 /// [`all_gather`] into the result buffer the calling rank's thread kept from its previous
@@ -127,6 +119,29 @@ fn all_gather_into_kept(c: &mut Criterion, name: &str, link: Link) {
         /// This rank's last result (rank 0 runs on criterion's thread, rank 1 on its own).
         static KEPT: std::cell::RefCell<Option<HostBuffer>> = const { std::cell::RefCell::new(None) };
     }
+    gathers(c, name, link, |comm, shard, len| {
+        let counts = vec![len / 2; 2];
+        let result = match KEPT.take() {
+            Some(kept) => comm.all_gather_counts_into(shard, counts, 1, kept),
+            None => comm.all_gather_counts(shard, counts, 1),
+        }
+        .wait()?;
+        KEPT.set(Some(result));
+        // Nothing to hand back: the result stays with the rank for its next call.
+        Ok(HostBuffer::zeros(DType::F32, 0))
+    });
+}
+
+/// Times `gather(comm, shard, len)`, an all-gather of each rank's `BYTES / 2` of f32 into
+/// `len` elements (`BYTES`): at 2 ranks its bus bandwidth ((n−1)/n · bytes / time) is
+/// `BYTES / 2` / time.
+fn gathers<G>(c: &mut Criterion, name: &str, link: Link, gather: G)
+where
+    G: Fn(&HostCommunicator, HostBuffer, usize) -> burn_dist_comm::Result<HostBuffer>
+        + Clone
+        + Send
+        + 'static,
+{
     let len = BYTES / 4;
     let shards = [0, 1].map(|rank| rank_data(DType::F32, len / 2, 1, rank));
     mirrored(
@@ -135,17 +150,7 @@ fn all_gather_into_kept(c: &mut Criterion, name: &str, link: Link) {
         link,
         BYTES / 2,
         move |rank| shards[rank].clone(),
-        move |comm, shard| {
-            let counts = vec![len / 2; 2];
-            let result = match KEPT.take() {
-                Some(kept) => comm.all_gather_counts_into(shard, counts, 1, kept),
-                None => comm.all_gather_counts(shard, counts, 1),
-            }
-            .wait()?;
-            KEPT.set(Some(result));
-            // Nothing to hand back: the result stays with the rank for its next call.
-            Ok(HostBuffer::zeros(DType::F32, 0))
-        },
+        move |comm, shard| gather(comm, shard, len),
     );
 }
 
