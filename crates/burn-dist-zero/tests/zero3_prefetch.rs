@@ -1,8 +1,9 @@
 //! ZeRO stage 3's gather schedule: the first step records the order of the parameters' uses,
 //! rank 0's is checked against every rank's, and later steps gather ahead of use. It changes no
 //! bit of training (recomputation and accumulation included), a use off the schedule re-records
-//! it, evaluation keeps its own, a layer's weight and bias are one gather, and what it holds
-//! ahead stays within its window.
+//! it, evaluation keeps its own, a layer's weight and bias are one gather, what it holds ahead
+//! stays within its window, and a weight used last in forward and first in backward is
+//! gathered once.
 
 use burn::backend::Autodiff;
 use burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing;
@@ -464,4 +465,72 @@ fn the_query_key_and_value_projections_are_one_gather() {
         units.iter().all(|u| *u == units[0]),
         "every rank has the same units"
     );
+}
+
+/// A hidden layer, then `h · head`: the head's weight is forward's last use and backward's
+/// first, as a tied LM head's is.
+#[derive(burn::module::Module, Debug)]
+struct Head<B: burn::tensor::backend::Backend> {
+    hidden: Mlp<B>,
+    head: burn::module::Param<Tensor<B, 2>>,
+}
+
+/// From step 2 on, the schedule serves backward's use of the head with the tensor forward's
+/// use made: the head is gathered once a step, not twice, and no bit changes.
+#[test]
+fn a_weight_used_last_in_forward_and_first_in_backward_is_gathered_once_a_step() {
+    const HIDDEN: usize = 12;
+    const STEPS: usize = 4;
+    let [input, .., output] = MLP_SIZES;
+    let head_bytes = 4 * HIDDEN * output;
+    let train = |prefetch: PrefetchConfig| {
+        let comms = HostCommunicator::local_group(2, &CommConfig::default());
+        run_ranks(comms, move |_, comm| {
+            let values: Vec<f32> = (0..HIDDEN * output)
+                .map(|i| 0.3 * (i as f32 * 0.37).sin())
+                .collect();
+            let head = Tensor::<Stage3, 2>::from_data(
+                burn::tensor::TensorData::new(values, [HIDDEN, output]),
+                &FlexDevice,
+            );
+            let model = Head {
+                hidden: Mlp::new(&[input, HIDDEN], 7, &FlexDevice),
+                head: burn::module::Param::from_tensor(head),
+            };
+            let (mut ddp, mut model, mut zero) = start(comm, prefetch, model);
+            for step in 0..STEPS {
+                model = mlp_step(&mut ddp, &mut zero, model, step, |model, x| {
+                    model.hidden.forward(x).tanh().matmul(model.head.val())
+                });
+            }
+            let stats = ddp.shard_stats().unwrap();
+            (parameters(&model), stats)
+        })
+    };
+    let on_demand = train(PrefetchConfig::OFF);
+    let ahead = train(PrefetchConfig::new());
+    assert!(
+        params_of(&ahead) == params_of(&on_demand),
+        "serving the head again changed the parameters"
+    );
+    for (rank, ((_, ahead), (_, on_demand))) in ahead.iter().zip(&on_demand).enumerate() {
+        assert_eq!(
+            on_demand.served_again, 0,
+            "rank {rank}: no schedule, no repeat"
+        );
+        assert_eq!(
+            ahead.served_again,
+            STEPS as u64 - 1,
+            "rank {rank}: once a step from step 2"
+        );
+        assert_eq!(
+            ahead.gathered_bytes + (STEPS as u64 - 1) * head_bytes as u64,
+            on_demand.gathered_bytes,
+            "rank {rank}: the head's second gather is spared"
+        );
+        assert_eq!(
+            ahead.live_bytes, 0,
+            "rank {rank}: nothing kept past the step"
+        );
+    }
 }

@@ -29,6 +29,15 @@ enum InFlight {
     Device(Result<Box<dyn crate::device::DeviceGathering>, CommError>),
 }
 
+/// How [`ParamShards::fetch`] served a use.
+pub(crate) enum Fetched {
+    /// The parameter, gathered; `again`: the next use is of the same parameter, and is to be
+    /// served the tensor made of this part.
+    Part { part: Part, again: bool },
+    /// The use just before was of this parameter: the tensor it made serves this one too.
+    Again,
+}
+
 /// One gathered parameter.
 pub(crate) enum Part {
     /// Its bytes, on the host (made a tensor of the backend by the gather's caller): its range
@@ -57,6 +66,7 @@ impl ParamShards {
     pub fn set_prefetch(&self, window: PrefetchConfig) {
         let dropped = self.scheduler().set_window(window);
         self.discard(dropped);
+        self.drop_kept();
     }
 
     /// The agreed order of uses of `phase` (parameter indices), and the parameters each of its
@@ -89,33 +99,42 @@ impl ParamShards {
 
     /// Parameter `index`'s bytes for an op of `phase`, as the schedule serves them; then issues
     /// the gathers the window allows ahead.
-    pub(super) fn fetch(&self, index: usize, phase: Phase) -> Result<Part, CommError> {
+    pub(super) fn fetch(&self, index: usize, phase: Phase) -> Result<Fetched, CommError> {
         let mut scheduler = self.scheduler();
         let decision = scheduler.on_use(phase, index);
         self.discard(decision.dropped);
-        let bytes = match decision.serve {
-            Serve::Alone => self.gather_alone(index)?,
-            Serve::Ahead { offset, last } => {
+        let fetched = match decision.serve {
+            Serve::Alone => Fetched::Part {
+                part: self.gather_alone(index)?,
+                again: false,
+            },
+            Serve::Again => Fetched::Again,
+            Serve::Ahead {
+                offset,
+                last,
+                again,
+            } => {
                 let gather = scheduler.front().expect("the unit gathered ahead");
                 let part = self.take(gather, offset)?;
                 if last {
                     let done = scheduler.pop_front();
                     self.discard(done);
                 }
-                part
+                Fetched::Part { part, again }
             }
             Serve::Demand {
                 unit,
                 unit_index,
                 offset,
                 last,
+                again,
             } => {
                 let mut gather = self.issue(&unit);
                 let part = self.take(&mut gather, offset)?;
                 if !last {
                     scheduler.keep_front(unit_index, gather);
                 }
-                part
+                Fetched::Part { part, again }
             }
         };
         let ahead = scheduler.plan_ahead(|gather| gather.remaining, |unit| self.unit_bytes(unit));
@@ -124,7 +143,7 @@ impl ParamShards {
             self.state().stats.prefetched += 1;
             scheduler.issued(unit_index, gather);
         }
-        Ok(bytes)
+        Ok(fetched)
     }
 
     fn unit_bytes(&self, unit: &Unit) -> usize {
@@ -254,6 +273,7 @@ impl ParamShards {
     pub(super) fn forget_ahead(&self) {
         let dropped = self.scheduler().restart_ahead();
         self.discard(dropped);
+        self.drop_kept();
     }
 
     /// After every rank agreed on the step's sequence of uses (the step's digest): rank 0's

@@ -12,6 +12,10 @@
 //!   to each other in the flat layout one after the other, a layer's weight and bias: one
 //!   gather of at most [`PrefetchConfig::unit_bytes`]) ahead of use, keeping at most
 //!   [`PrefetchConfig::gathers`] units and [`PrefetchConfig::bytes`] in flight beyond the one being used.
+//! - A use of the parameter the use just before used, with no backward's end between them (a
+//!   tied LM head: the last use of forward, the first of backward), gathers nothing: it is
+//!   served by the tensor that use made, which the caller keeps until then. FSDP spares the
+//!   same gather by not resharding the root module after forward.
 //! - Gathers ahead never cross the end of a backward pass: the first gather after it waits for
 //!   every rank to reach it. A rank that ran a whole forward ahead would otherwise sit in its
 //!   next backward, inside Burn's lock on its autodiff graph, while a peer thread of the same
@@ -100,6 +104,9 @@ struct Plan {
     sequence: Vec<usize>,
     /// The uses alone: position `p` is the `p`-th use.
     order: Vec<usize>,
+    /// Whether position `p` uses the parameter of position `p - 1` again, with no backward's
+    /// end between them: it is in no unit and gathers nothing.
+    again: Vec<bool>,
     /// Positions of the first use after each backward's end, ascending.
     fences: Vec<usize>,
     units: Vec<Unit>,
@@ -110,7 +117,8 @@ struct Plan {
 impl Plan {
     /// Groups the uses of `sequence` into units: a use joins the previous one's unit when it
     /// is the next parameter, no backward ended between them, `joins(first, next)` allows it
-    /// (same dtype) and the unit stays within `max_bytes`.
+    /// (same dtype) and the unit stays within `max_bytes`. A use of the previous use's
+    /// parameter is in no unit (`again`), and ends its unit.
     fn new(
         sequence: Vec<usize>,
         bytes: impl Fn(usize) -> usize,
@@ -126,12 +134,21 @@ impl Plan {
                 order.push(entry);
             }
         }
+        let again: Vec<bool> = (0..order.len())
+            .map(|p| p > 0 && order[p - 1] == order[p] && !fences.contains(&p))
+            .collect();
         let mut units: Vec<Unit> = Vec::new();
         let mut unit_of = Vec::with_capacity(order.len());
         let mut unit_bytes = 0;
         for (p, &index) in order.iter().enumerate() {
+            if again[p] {
+                // Served by the use before: its unit is the one "being used".
+                unit_of.push(units.len() - 1);
+                continue;
+            }
             let extend = units.last().is_some_and(|unit| {
-                unit.params.end == index
+                unit.positions.end == p
+                    && unit.params.end == index
                     && !fences.contains(&p)
                     && joins(unit.params.start, index)
                     && unit_bytes + bytes(index) <= max_bytes
@@ -153,6 +170,7 @@ impl Plan {
         Plan {
             sequence,
             order,
+            again,
             fences,
             units,
             unit_of,
@@ -203,16 +221,26 @@ impl Track {
 
 /// How the use just announced is served.
 #[derive(Debug, PartialEq, Eq)]
+///
+/// `again`: the next use is of this parameter again; the caller keeps the tensor it makes of
+/// this gather for it ([`Serve::Again`]).
 pub(crate) enum Serve {
     /// By the gather at the front of [`Scheduler::front`], at `offset` within its unit.
-    Ahead { offset: usize, last: bool },
+    Ahead {
+        offset: usize,
+        last: bool,
+        again: bool,
+    },
     /// By gathering `unit` now; keep it at the front when not `last`.
     Demand {
         unit: Unit,
         unit_index: usize,
         offset: usize,
         last: bool,
+        again: bool,
     },
+    /// By the tensor the use just before made of the same parameter: no gather.
+    Again,
     /// By gathering the parameter alone (no plan, or off the plan).
     Alone,
 }
@@ -318,6 +346,13 @@ impl<T> Scheduler<T> {
             };
         }
         track.cursor += 1;
+        if plan.again[p] {
+            return Decision {
+                serve: Serve::Again,
+                dropped,
+            };
+        }
+        let again = plan.again.get(p + 1).copied().unwrap_or(false);
         let unit_index = plan.unit_of[p];
         let unit = &plan.units[unit_index];
         let (offset, last) = (p - unit.positions.start, p + 1 == unit.positions.end);
@@ -328,12 +363,17 @@ impl<T> Scheduler<T> {
         }
         track.next_issue = track.next_issue.max(unit_index + 1);
         let serve = match self.ahead.front() {
-            Some((u, _)) if *u == unit_index => Serve::Ahead { offset, last },
+            Some((u, _)) if *u == unit_index => Serve::Ahead {
+                offset,
+                last,
+                again,
+            },
             _ => Serve::Demand {
                 unit: unit.clone(),
                 unit_index,
                 offset,
                 last,
+                again,
             },
         };
         Decision { serve, dropped }
@@ -452,6 +492,9 @@ mod tests {
     /// A gather stand-in: the unit it serves.
     type Gather = usize;
 
+    /// What `serve` returns for a use served by the tensor of the use before.
+    const AGAIN: usize = usize::MAX;
+
     fn adopt(scheduler: &mut Scheduler<Gather>, phase: Phase, order: &[usize]) {
         scheduler.adopt(phase, order.to_vec(), |_| 4, |_, _| true);
     }
@@ -462,6 +505,7 @@ mod tests {
         let decision = scheduler.on_use(phase, index);
         let served = match decision.serve {
             Serve::Alone => None,
+            Serve::Again => Some(AGAIN),
             Serve::Ahead { last, .. } => {
                 let unit = *scheduler.front().unwrap();
                 if last {
@@ -497,6 +541,53 @@ mod tests {
         let plan = Plan::new(vec![0, 1, 2, 3], |_| 4, |_, _| true, 8);
         let units: Vec<_> = plan.units.iter().map(|u| u.params.clone()).collect();
         assert_eq!(units, [0..2, 2..4]);
+    }
+
+    #[test]
+    fn a_use_of_the_parameter_used_just_before_gathers_nothing() {
+        // Forward 0, 1, 2 (one unit); backward 2, 1, 0: backward's 2 is forward's again.
+        let plan = Plan::new(vec![0, 1, 2, 2, 1, 0], |_| 4, |_, _| true, 100);
+        let units: Vec<_> = plan.units.iter().map(|u| u.params.clone()).collect();
+        assert_eq!(units, [0..3, 1..2, 0..1]);
+        assert_eq!(plan.again, [false, false, false, true, false, false]);
+        // Not across the end of a backward, and a use after a repeat starts a unit.
+        let plan = Plan::new(vec![2, BACKWARD_END, 2, 2, 3], |_| 4, |_, _| true, 100);
+        let units: Vec<_> = plan.units.iter().map(|u| u.params.clone()).collect();
+        assert_eq!(units, [2..3, 2..3, 3..4]);
+        assert_eq!(plan.again, [false, false, true, false]);
+
+        let mut scheduler = Scheduler::new(PrefetchConfig::new());
+        adopt(&mut scheduler, Phase::Train, &[0, 1, 2, 2, 1, 0]);
+        // Forward's use of 2 is told that the next use is its again.
+        assert_eq!(serve(&mut scheduler, Phase::Train, 0), Some(0));
+        assert_eq!(serve(&mut scheduler, Phase::Train, 1), Some(0));
+        let decision = scheduler.on_use(Phase::Train, 2);
+        assert_eq!(
+            decision.serve,
+            Serve::Ahead {
+                offset: 2,
+                last: true,
+                again: true
+            }
+        );
+        scheduler.pop_front();
+        for (unit, _) in scheduler.plan_ahead(|_| 4, |_| 4) {
+            scheduler.issued(unit, unit);
+        }
+        assert_eq!(serve(&mut scheduler, Phase::Train, 2), Some(AGAIN));
+        assert_eq!(serve(&mut scheduler, Phase::Train, 1), Some(1));
+        assert_eq!(serve(&mut scheduler, Phase::Train, 0), Some(2));
+        assert_eq!(
+            scheduler.end_step().0,
+            [None, None],
+            "the plan was followed"
+        );
+        // A round whose again does not come breaks the plan there.
+        for index in [0, 1, 2] {
+            serve(&mut scheduler, Phase::Train, index);
+        }
+        assert_eq!(scheduler.on_use(Phase::Train, 1).serve, Serve::Alone);
+        assert_eq!(scheduler.off_plan, 1);
     }
 
     #[test]
@@ -626,10 +717,11 @@ mod tests {
         assert_eq!(candidates[0].as_deref(), Some(&round[..]));
         adopt(&mut scheduler, Phase::Train, &round);
         let (_, units) = scheduler.plan(Phase::Train).unwrap();
-        assert_eq!(units, [0..1, 2..3, 2..3, 0..1, 2..3, 2..3]);
+        // Backward's use of 2 right after forward's is served by forward's tensor: no unit.
+        assert_eq!(units, [0..1, 2..3, 0..1, 2..3]);
         serve(&mut scheduler, Phase::Train, 0);
         serve(&mut scheduler, Phase::Train, 2);
-        assert_eq!(serve(&mut scheduler, Phase::Train, 2), Some(2));
+        assert_eq!(serve(&mut scheduler, Phase::Train, 2), Some(AGAIN));
         assert!(
             scheduler.ahead.is_empty(),
             "the next forward is not gathered during this backward"
@@ -638,17 +730,14 @@ mod tests {
         let decision = scheduler.on_use(Phase::Train, 0);
         assert!(matches!(
             decision.serve,
-            Serve::Demand { unit_index: 3, .. }
+            Serve::Demand { unit_index: 2, .. }
         ));
         for (unit, _) in scheduler.plan_ahead(|_| 4, |_| 4) {
             scheduler.issued(unit, unit);
         }
-        assert_eq!(
-            scheduler.ahead.iter().map(|a| a.0).collect::<Vec<_>>(),
-            [4, 5]
-        );
-        serve(&mut scheduler, Phase::Train, 2);
-        serve(&mut scheduler, Phase::Train, 2);
+        assert_eq!(scheduler.ahead.iter().map(|a| a.0).collect::<Vec<_>>(), [3]);
+        assert_eq!(serve(&mut scheduler, Phase::Train, 2), Some(3));
+        assert_eq!(serve(&mut scheduler, Phase::Train, 2), Some(AGAIN));
         scheduler.end_backward();
         assert_eq!(
             scheduler.end_step().0,

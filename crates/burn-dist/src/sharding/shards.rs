@@ -12,7 +12,7 @@ use burn_dist_comm::{CommError, HostCommunicator};
 
 use super::frame::{self, Use};
 use super::pool::GatherPool;
-use super::prefetch::{Part, UnitGather};
+use super::prefetch::{Fetched, Part, UnitGather};
 use super::schedule::{Phase, PrefetchConfig, Scheduler};
 use crate::error::{DistError, Result};
 use crate::flat::FlatLayout;
@@ -76,6 +76,9 @@ pub struct ShardStats {
     pub reused_buffers: u64,
     /// Bytes of such buffers kept free for the next gathers right now.
     pub pooled_bytes: usize,
+    /// Uses served by the tensor that the use just before made of the same parameter, with no
+    /// gather (a tied LM head's last use in forward and first in backward), since the start.
+    pub served_again: u64,
 }
 
 impl ShardStats {
@@ -131,6 +134,18 @@ pub struct ParamShards {
     pub(super) own_mappers: Mutex<Vec<Option<Box<dyn Any + Send + Sync>>>>,
     /// The host gathers' buffers, reused from step to step (`pool.rs`).
     pub(super) pool: Arc<GatherPool>,
+    /// The tensor the last use made, kept for the next use when the schedule says it is of
+    /// the same parameter ([`Fetched::Again`]).
+    kept: Mutex<Option<KeptTensor>>,
+}
+
+/// A backend's float primitive made for one use of parameter `index`, kept for the next.
+struct KeptTensor {
+    index: usize,
+    /// The parameter's bytes, counted live while kept.
+    bytes: usize,
+    /// `B::FloatTensorPrimitive` (`ParamShards` is not generic over the backend).
+    tensor: Box<dyn Any + Send>,
 }
 
 /// This rank's part of the sharded parameters.
@@ -223,6 +238,7 @@ impl ParamShards {
             probe,
             own_mappers: Mutex::new((0..count).map(|_| None).collect()),
             pool: Arc::default(),
+            kept: Mutex::new(None),
         }
     }
 
@@ -350,22 +366,67 @@ impl ParamShards {
         wanted: Use,
         phase: Phase,
     ) -> B::FloatTensorPrimitive {
-        let info = &self.params[index];
         let counted = frame::counted_as(wanted);
         // Only ops follow the schedule: a read is no part of a step's order of uses.
-        let gathered = match counted {
+        let fetched = match counted {
             Use::Op => self.fetch(index, phase),
-            Use::Read => self.gather_alone(index),
+            Use::Read => self
+                .gather_alone(index)
+                .map(|part| Fetched::Part { part, again: false }),
         };
-        let part = gathered.unwrap_or_else(|source| {
-            self.state().failure.get_or_insert((index, source.clone()));
-            let error = self.gather_error(index, source);
-            panic!("burn-dist: {error}");
-        });
+        let (part, again) = match fetched.unwrap_or_else(|source| self.failed(index, source)) {
+            Fetched::Again => match self.take_kept::<B>(index) {
+                Some(tensor) => {
+                    // Its bytes are live since the use before; this op releases them.
+                    frame::hold(self, self.params[index].bytes());
+                    self.count_again(index);
+                    return tensor;
+                }
+                // Dropped since the use before, because the pieces changed: every rank
+                // dropped it alike, and gathers it again.
+                None => {
+                    let part = self.gather_alone(index);
+                    (
+                        part.unwrap_or_else(|source| self.failed(index, source)),
+                        false,
+                    )
+                }
+            },
+            Fetched::Part { part, again } => (part, again),
+        };
         if counted == Use::Op {
-            frame::hold(self, info.bytes());
+            // A tensor kept for a use that did not come (the schedule broke there) is stale.
+            self.drop_kept();
+            // A tensor kept for the next use stays live past this op, until that use's op
+            // returns (the two share its memory: it is counted once).
+            if !again {
+                frame::hold(self, self.params[index].bytes());
+            }
         }
         self.count(index, counted);
+        let tensor = self.materialize::<B>(index, part, device);
+        if again {
+            self.keep(index, Box::new(tensor.clone()));
+        }
+        tensor
+    }
+
+    /// A gather of parameter `index` failed: recorded as this rank's failure, and the op
+    /// panics with it (ops cannot return errors).
+    fn failed(&self, index: usize, source: CommError) -> ! {
+        self.state().failure.get_or_insert((index, source.clone()));
+        let error = self.gather_error(index, source);
+        panic!("burn-dist: {error}");
+    }
+
+    /// The backend's tensor of parameter `index` from its gathered part.
+    fn materialize<B: Backend>(
+        &self,
+        index: usize,
+        part: Part,
+        device: &B::Device,
+    ) -> B::FloatTensorPrimitive {
+        let info = &self.params[index];
         match part {
             Part::Host(bytes) => {
                 let data = TensorData::from_bytes(bytes, info.shape.clone(), info.dtype);
@@ -388,6 +449,58 @@ impl ParamShards {
         }
     }
 
+    /// Keeps `tensor` (parameter `index`'s, `B::FloatTensorPrimitive`) for the next use, which
+    /// the schedule says is of the same parameter; its bytes, counted live by the use that made
+    /// it, stay live until then.
+    fn keep(&self, index: usize, tensor: Box<dyn Any + Send>) {
+        let bytes = self.params[index].bytes();
+        let kept = KeptTensor {
+            index,
+            bytes,
+            tensor,
+        };
+        let earlier = self.kept().replace(kept);
+        if let Some(earlier) = earlier {
+            self.release(earlier.bytes);
+        }
+    }
+
+    /// The tensor kept for this use of parameter `index` (the schedule, the same on every
+    /// rank, announced it when the use before was served), its bytes still live; `None` if it
+    /// was dropped since.
+    fn take_kept<B: Backend>(&self, index: usize) -> Option<B::FloatTensorPrimitive> {
+        let kept = self.kept().take()?;
+        if kept.index != index {
+            self.release(kept.bytes);
+            return None;
+        }
+        let tensor = kept
+            .tensor
+            .downcast::<B::FloatTensorPrimitive>()
+            .unwrap_or_else(|_| {
+                panic!(
+                    "burn-dist: the tensor kept for `{}` is not `{}`'s",
+                    self.params[index].name,
+                    std::any::type_name::<B>()
+                )
+            });
+        Some(*tensor)
+    }
+
+    /// Drops a tensor kept for a next use (its use did not come, the step ended, or the
+    /// pieces changed).
+    pub(super) fn drop_kept(&self) {
+        let kept = self.kept().take();
+        if let Some(kept) = kept {
+            self.release(kept.bytes);
+        }
+    }
+
+    fn kept(&self) -> MutexGuard<'_, Option<KeptTensor>> {
+        // Nothing panics while holding it.
+        self.kept.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     fn gather_error(&self, index: usize, source: CommError) -> DistError {
         DistError::Gather {
             rank: self.rank(),
@@ -401,6 +514,15 @@ impl ParamShards {
     pub(super) fn hash_into_digest(&self, entry: usize) {
         let mut state = self.state();
         state.digest = (state.digest ^ entry as u64).wrapping_mul(FNV_PRIME);
+    }
+
+    /// A use served by the tensor kept from the use before ([`Fetched::Again`]): one more use
+    /// of the step's sequence, and no gather (its bytes are live already).
+    fn count_again(&self, index: usize) {
+        self.hash_into_digest(index);
+        let mut state = self.state();
+        state.stats.uses += 1;
+        state.stats.served_again += 1;
     }
 
     pub(super) fn count(&self, index: usize, counted: Use) {
@@ -447,6 +569,7 @@ impl ParamShards {
     pub fn end_step(&self) -> (u64, u64) {
         let (candidates, dropped) = self.scheduler().end_step();
         self.discard(dropped);
+        self.drop_kept();
         let mut state = self.state();
         state.candidates = candidates;
         let ended = (state.digest, state.stats.uses);
