@@ -258,13 +258,15 @@ fn all_gather_counts_refuse_a_chunk_of_another_length_naming_the_rank() {
             .unwrap_err()
             .to_string()
     });
-    assert!(
-        got[2].contains("rank 2 passed 4 elements; its count is 2"),
-        "{}",
-        got[2]
-    );
-    for (rank, message) in got.iter().enumerate() {
-        assert!(message.contains("rank 2"), "rank {rank}: {message}");
+    assert_refused_naming(&got, 2, "rank 2 passed 4 elements; its count is 2");
+}
+
+/// Every rank's error names `culprit`, whose own says `reason`.
+fn assert_refused_naming(errors: &[String], culprit: usize, reason: &str) {
+    assert!(errors[culprit].contains(reason), "{}", errors[culprit]);
+    let name = format!("rank {culprit}");
+    for (rank, message) in errors.iter().enumerate() {
+        assert!(message.contains(&name), "rank {rank}: {message}");
     }
 }
 
@@ -277,14 +279,11 @@ fn all_gather_counts_into_refuses_a_result_buffer_of_another_size_naming_the_ran
             .unwrap_err()
             .to_string()
     });
-    assert!(
-        got[1].contains("rank 1's result buffer holds 3 f32 elements; the result is 4 f32"),
-        "{}",
-        got[1]
+    assert_refused_naming(
+        &got,
+        1,
+        "rank 1's result buffer holds 3 f32 elements; the result is 4 f32",
     );
-    for (rank, message) in got.iter().enumerate() {
-        assert!(message.contains("rank 1"), "rank {rank}: {message}");
-    }
 }
 
 #[test]
