@@ -220,10 +220,10 @@ impl Track {
 }
 
 /// How the use just announced is served.
-#[derive(Debug, PartialEq, Eq)]
 ///
 /// `again`: the next use is of this parameter again; the caller keeps the tensor it makes of
 /// this gather for it ([`Serve::Again`]).
+#[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Serve {
     /// By the gather at the front of [`Scheduler::front`], at `offset` within its unit.
     Ahead {

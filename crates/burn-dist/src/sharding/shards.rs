@@ -141,9 +141,8 @@ pub struct ParamShards {
 
 /// A backend's float primitive made for one use of parameter `index`, kept for the next.
 struct KeptTensor {
+    /// Its parameter, whose bytes are counted live while it is kept.
     index: usize,
-    /// The parameter's bytes, counted live while kept.
-    bytes: usize,
     /// `B::FloatTensorPrimitive` (`ParamShards` is not generic over the backend).
     tensor: Box<dyn Any + Send>,
 }
@@ -453,16 +452,8 @@ impl ParamShards {
     /// the schedule says is of the same parameter; its bytes, counted live by the use that made
     /// it, stay live until then.
     fn keep(&self, index: usize, tensor: Box<dyn Any + Send>) {
-        let bytes = self.params[index].bytes();
-        let kept = KeptTensor {
-            index,
-            bytes,
-            tensor,
-        };
-        let earlier = self.kept().replace(kept);
-        if let Some(earlier) = earlier {
-            self.release(earlier.bytes);
-        }
+        self.drop_kept();
+        *self.kept() = Some(KeptTensor { index, tensor });
     }
 
     /// The tensor kept for this use of parameter `index` (the schedule, the same on every
@@ -471,7 +462,7 @@ impl ParamShards {
     fn take_kept<B: Backend>(&self, index: usize) -> Option<B::FloatTensorPrimitive> {
         let kept = self.kept().take()?;
         if kept.index != index {
-            self.release(kept.bytes);
+            self.release_kept(kept);
             return None;
         }
         let tensor = kept
@@ -492,8 +483,13 @@ impl ParamShards {
     pub(super) fn drop_kept(&self) {
         let kept = self.kept().take();
         if let Some(kept) = kept {
-            self.release(kept.bytes);
+            self.release_kept(kept);
         }
+    }
+
+    /// A kept tensor is dropped: its parameter's bytes are no longer live.
+    fn release_kept(&self, kept: KeptTensor) {
+        self.release(self.params[kept.index].bytes());
     }
 
     fn kept(&self) -> MutexGuard<'_, Option<KeptTensor>> {
