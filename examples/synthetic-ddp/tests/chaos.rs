@@ -10,6 +10,10 @@
 //! - the newest complete checkpoint verifies, and resuming from it ends bitwise equal to an
 //!   uninterrupted run.
 //!
+//! The victim of a timed kill holds after its last step (`--pause-after`) until it is killed: a
+//! delay longer than the rest of the job (a fast machine runs a step in a few milliseconds)
+//! would otherwise kill a process that had already finished, and the job would succeed.
+//!
 //! `chaos_short` (in `cargo xtask test`) runs one trial of each kind of point; `chaos_long`
 //! (`cargo xtask soak`) runs random trials for `BURN_DIST_CHAOS_SECS` (default 600). The choice
 //! of rank, point and delay comes from a seed printed first; `BURN_DIST_SEED` replays it (the
@@ -86,9 +90,11 @@ fn job(
     dir: &Path,
     out: &Path,
     env: &[(&str, &str)],
+    args: &[String],
     on_line: impl FnMut(&str),
 ) -> (ExitStatus, Vec<String>) {
     let mut child = launch(WORLD, Path::new(env!("CARGO_BIN_EXE_synthetic-zero")))
+        .args(args)
         .args(["--steps", &STEPS.to_string()])
         .args(["--checkpoint-every", &CHECKPOINT_EVERY.to_string()])
         .arg("--checkpoint-dir")
@@ -150,8 +156,13 @@ fn trial(root: &Path, n: usize, victim: usize, point: Point, straight: &[f32]) {
     } else {
         &[(checkpoint::PAUSE_VAR, pause.as_str())]
     };
+    // A timed kill finds the victim alive however late it comes (first start of the job).
+    let hold = match point {
+        Point::InCheckpoint { .. } => Vec::new(),
+        _ => vec!["--pause-after".to_string(), format!("0:{victim}:{STEPS}")],
+    };
     let victim_tag = format!("[rank {victim}] ");
-    let (status, lines) = job(&dir, &out, env, |line| {
+    let (status, lines) = job(&dir, &out, env, &hold, |line| {
         pids.extend(announced_pid(line).filter(|p| !pids.contains(p)));
         if killed_at.is_some() || !line.starts_with(&victim_tag) {
             return;
@@ -241,7 +252,7 @@ fn trial(root: &Path, n: usize, victim: usize, point: Point, straight: &[f32]) {
 
     // The next job on this host resumes from it, ends where the uninterrupted run ended, and
     // has swept the rings a rank killed during set-up left behind.
-    let (status, resumed) = job(&dir, &out, &[], |_| {});
+    let (status, resumed) = job(&dir, &out, &[], &[], |_| {});
     assert!(
         status.success(),
         "trial {n}: resume:\n{}",
@@ -270,7 +281,7 @@ fn trial(root: &Path, n: usize, victim: usize, point: Point, straight: &[f32]) {
 /// The uninterrupted run every trial must end on.
 fn straight_run(root: &Path) -> Vec<f32> {
     let out = root.join("straight.bin");
-    let (status, lines) = job(&root.join("straight"), &out, &[], |_| {});
+    let (status, lines) = job(&root.join("straight"), &out, &[], &[], |_| {});
     assert!(status.success(), "uninterrupted run:\n{}", lines.join("\n"));
     read_f32s(&out)
 }
