@@ -11,6 +11,15 @@
 //! buffer each rank kept from its previous call (`all_gather_counts_into`, what stage 3's
 //! pooled gathers do, and what gloo's `all_gather_into_tensor` into the caller's tensor does).
 //!
+//! Two more rows give the ceiling of a design not built yet, buffers that live in shared memory
+//! so that a rank reads and writes its peer's directly (docs/perf/host-all-reduce.md): two
+//! threads, one per rank, with no ring in between. The all-gather: each rank writes its shard
+//! into its kept result, then copies the peer's shard out of the peer's result. The all-reduce
+//! (avg, in place): each rank folds its half of both inputs into its own buffer, then copies the
+//! peer's folded half out of the peer's buffer. Threads join between the two phases (what a
+//! barrier would do). Threads of one process share memory as two processes mapping one
+//! shared-memory file do, so the copies cost the same.
+//!
 //! A last measurement gives TCP's ceiling: two loopback sockets that each send and receive
 //! the 64 MiB an all-reduce moves per rank at 2 ranks, with nothing else to do.
 //!
@@ -184,12 +193,7 @@ where
         }
     });
 
-    let mut group = c.benchmark_group("host_64MiB");
-    group
-        .throughput(Throughput::Bytes(bus_bytes as u64))
-        .sample_size(20)
-        .measurement_time(Duration::from_secs(10));
-    group.bench_function(name, |b| {
+    host_group(c, name, bus_bytes, |b| {
         b.iter_batched(
             || {
                 is_ready.recv().expect("rank 1 thread");
@@ -204,9 +208,78 @@ where
             BatchSize::PerIteration,
         )
     });
-    group.finish();
     drop(go);
     peer_thread.join().expect("rank 1 thread");
+}
+
+/// The all-gather of [`gathers`] with no ring: each rank's result readable by the other.
+fn all_gather_direct_ceiling(c: &mut Criterion) {
+    let half = BYTES / 8;
+    let shards: [Vec<f32>; 2] = [0, 1].map(|r| vec![r as f32 + 1.0; half]);
+    let mut results = [vec![0f32; 2 * half], vec![0f32; 2 * half]];
+    host_group(c, "all_gather_direct_ceiling_f32_2_ranks", BYTES / 2, |b| {
+        b.iter(|| {
+            let [r0, r1] = &mut results;
+            let ((own0, peer0), (peer1, own1)) = (r0.split_at_mut(half), r1.split_at_mut(half));
+            // Each rank's own shard into its own result.
+            std::thread::scope(|scope| {
+                scope.spawn(|| own1.copy_from_slice(&shards[1]));
+                own0.copy_from_slice(&shards[0]);
+            });
+            // Each rank copies the peer's shard out of the peer's result.
+            std::thread::scope(|scope| {
+                scope.spawn(|| peer1.copy_from_slice(own0));
+                peer0.copy_from_slice(own1);
+            });
+            std::hint::black_box(&results);
+        })
+    });
+}
+
+/// The all-reduce (avg, in place) of [`all_reduce`] with no ring: each rank folds its half of
+/// the peer's buffer into its own, then copies the other half out of the peer's buffer.
+fn all_reduce_direct_ceiling(c: &mut Criterion) {
+    let half = BYTES / 8;
+    let mut buffers = [vec![1f32; 2 * half], vec![3f32; 2 * half]];
+    // At 2 ranks the sum's order does not matter: IEEE addition of two values commutes.
+    fn fold(own: &mut [f32], peer: &[f32]) {
+        for (o, p) in own.iter_mut().zip(peer) {
+            *o = (*o + p) * 0.5;
+        }
+    }
+    host_group(c, "all_reduce_direct_ceiling_f32_2_ranks", BYTES, |b| {
+        b.iter(|| {
+            let [b0, b1] = &mut buffers;
+            let ((lo0, hi0), (lo1, hi1)) = (b0.split_at_mut(half), b1.split_at_mut(half));
+            // Rank 0 folds the low half, rank 1 the high half, each into its own buffer.
+            std::thread::scope(|scope| {
+                scope.spawn(|| fold(hi1, hi0));
+                fold(lo0, lo1);
+            });
+            // Each rank copies the half the peer folded.
+            std::thread::scope(|scope| {
+                scope.spawn(|| lo1.copy_from_slice(lo0));
+                hi0.copy_from_slice(hi1);
+            });
+            std::hint::black_box(&buffers);
+        })
+    });
+}
+
+/// One `host_64MiB` measurement of the 2-rank collectives, `bus_bytes` of bus traffic a call.
+fn host_group(
+    c: &mut Criterion,
+    name: &str,
+    bus_bytes: usize,
+    bench: impl FnMut(&mut criterion::Bencher),
+) {
+    let mut group = c.benchmark_group("host_64MiB");
+    group
+        .throughput(Throughput::Bytes(bus_bytes as u64))
+        .sample_size(20)
+        .measurement_time(Duration::from_secs(10));
+    group.bench_function(name, bench);
+    group.finish();
 }
 
 criterion_group!(
@@ -218,6 +291,8 @@ criterion_group!(
     all_gather_tcp,
     all_gather_kept_shared_memory,
     all_gather_kept_tcp,
+    all_gather_direct_ceiling,
+    all_reduce_direct_ceiling,
     tcp_exchange
 );
 criterion_main!(benches);
