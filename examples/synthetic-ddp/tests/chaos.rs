@@ -147,22 +147,22 @@ fn trial(root: &Path, n: usize, victim: usize, point: Point, straight: &[f32]) {
     let out = root.join(format!("trial-{n}.bin"));
     let mut pids = Vec::new();
     let mut killed_at: Option<Instant> = None;
-    let pause = match point {
-        Point::InCheckpoint { step } => format!("after-shard:{step}:{victim}"),
-        _ => String::new(),
+    // Where the victim waits for its kill: paused inside the checkpoint write, or, for a timed
+    // kill, held after its last step (first start of the job), so that a kill however late
+    // finds it alive.
+    let (pause, hold) = match point {
+        Point::InCheckpoint { step } => (Some(format!("after-shard:{step}:{victim}")), vec![]),
+        _ => (
+            None,
+            vec!["--pause-after".to_string(), format!("0:{victim}:{STEPS}")],
+        ),
     };
-    let env: &[(&str, &str)] = if pause.is_empty() {
-        &[]
-    } else {
-        &[(checkpoint::PAUSE_VAR, pause.as_str())]
-    };
-    // A timed kill finds the victim alive however late it comes (first start of the job).
-    let hold = match point {
-        Point::InCheckpoint { .. } => Vec::new(),
-        _ => vec!["--pause-after".to_string(), format!("0:{victim}:{STEPS}")],
-    };
+    let env: Vec<(&str, &str)> = pause
+        .iter()
+        .map(|pause| (checkpoint::PAUSE_VAR, pause.as_str()))
+        .collect();
     let victim_tag = format!("[rank {victim}] ");
-    let (status, lines) = job(&dir, &out, env, &hold, |line| {
+    let (status, lines) = job(&dir, &out, &env, &hold, |line| {
         pids.extend(announced_pid(line).filter(|p| !pids.contains(p)));
         if killed_at.is_some() || !line.starts_with(&victim_tag) {
             return;
