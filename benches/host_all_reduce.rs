@@ -20,6 +20,13 @@
 //! barrier would do). Threads of one process share memory as two processes mapping one
 //! shared-memory file do, so the copies cost the same.
 //!
+//! Two rows run that design as built (`HostCommunicator::shared_buffer`): each rank's buffer in
+//! its arena under `/dev/shm`, which the peer maps and reads in place. The all-reduce
+//! (`all_reduce_shared`, avg) and the all-gather (`all_gather_shared`: each rank writes its
+//! shard into its kept buffer, then gathers in place) each reuse one buffer per rank, as the
+//! kept all-gather does. The all-reduce runs twice: with its input copied into the buffer
+//! before each timed call, and reducing the last call's result again as the ceiling row does.
+//!
 //! A last measurement gives TCP's ceiling: two loopback sockets that each send and receive
 //! the 64 MiB an all-reduce moves per rank at 2 ranks, with nothing else to do.
 //!
@@ -33,7 +40,7 @@ use std::time::Duration;
 
 use burn_dist_comm::testing::{linked_group, rank_data};
 use burn_dist_comm::{
-    CommConfig, Communicator, DType, HostBuffer, HostCommunicator, Link, ReduceOp,
+    CommConfig, Communicator, DType, HostBuffer, HostCommunicator, Link, ReduceOp, SharedBuffer,
 };
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
 
@@ -109,8 +116,87 @@ fn all_reduce(c: &mut Criterion, name: &str, link: Link) {
         name,
         link,
         BYTES,
-        move |_| input.clone(),
+        move |_, _| input.clone(),
         |comm, buf| comm.all_reduce(buf, ReduceOp::Avg).wait(),
+    );
+}
+
+thread_local! {
+    /// This rank's shared buffer, kept from its previous call (rank 0 runs on criterion's
+    /// thread, rank 1 on its own).
+    static SHARED: std::cell::RefCell<Option<SharedBuffer>> = const { std::cell::RefCell::new(None) };
+}
+
+/// This thread's kept shared buffer of `len` f32, or a new one from `comm` when it has none
+/// or one of another group's arena (an earlier bench's).
+fn kept_shared(comm: &HostCommunicator, len: usize) -> SharedBuffer {
+    let buffer = SHARED
+        .take()
+        .filter(|kept| comm.holds(kept))
+        .unwrap_or_else(|| comm.shared_buffer(DType::F32, len));
+    assert!(
+        buffer.is_in_shared_memory(),
+        "the bench measures buffers in shared memory: {buffer:?}"
+    );
+    buffer
+}
+
+/// [`all_reduce`] in place on a shared buffer each rank keeps, its input copied in untimed
+/// before every call (as a gradient bucket is filled before its reduction).
+fn all_reduce_shared_buffers(c: &mut Criterion) {
+    all_reduce_kept(c, "all_reduce_shared_buffers_f32_2_ranks", true);
+}
+
+/// [`all_reduce_shared_buffers`] reducing the last call's result again, with nothing in
+/// between: what the ceiling row does with its buffers.
+fn all_reduce_shared_buffers_again(c: &mut Criterion) {
+    all_reduce_kept(c, "all_reduce_shared_buffers_again_f32_2_ranks", false);
+}
+
+/// An in-place all-reduce (avg) of a kept shared buffer, its input copied in before every call
+/// with `refill`, else only into a new buffer (averages of the inputs stay finite).
+fn all_reduce_kept(c: &mut Criterion, name: &str, refill: bool) {
+    let input = rank_data(DType::F32, BYTES / 4, 1, 0);
+    mirrored(
+        c,
+        name,
+        Link::SharedMemory,
+        BYTES,
+        move |comm, _| {
+            let fresh = SHARED.with_borrow(|kept| kept.as_ref().is_none_or(|k| !comm.holds(k)));
+            let mut buffer = kept_shared(comm, BYTES / 4);
+            if refill || fresh {
+                assert!(buffer.copy_from(&input));
+            }
+            buffer
+        },
+        |comm, buf| {
+            SHARED.set(Some(comm.all_reduce_shared(buf, ReduceOp::Avg).wait()?));
+            Ok(())
+        },
+    );
+}
+
+/// [`all_gather`] in place into a shared buffer each rank keeps: the rank's shard is written
+/// into its place (timed, as the other all-gathers copy it), then gathered.
+fn all_gather_shared_buffers(c: &mut Criterion) {
+    let len = BYTES / 4;
+    let shards = [0, 1].map(|rank| rank_data(DType::F32, len / 2, 1, rank));
+    mirrored(
+        c,
+        "all_gather_shared_buffers_f32_2_ranks",
+        Link::SharedMemory,
+        BYTES / 2,
+        move |comm, rank| (kept_shared(comm, len), shards[rank].clone()),
+        move |comm, (mut buf, shard)| {
+            let own = comm.rank() * shard.as_bytes().len();
+            buf.as_bytes_mut()[own..own + shard.as_bytes().len()].copy_from_slice(shard.as_bytes());
+            SHARED.set(Some(
+                comm.all_gather_shared(buf, vec![len / 2; 2], 1).wait()?,
+            ));
+            // Freed after the timed call, as the other rows' inputs are.
+            Ok(shard)
+        },
     );
 }
 
@@ -158,21 +244,26 @@ where
         name,
         link,
         BYTES / 2,
-        move |rank| shards[rank].clone(),
+        move |_, rank| shards[rank].clone(),
         move |comm, shard| gather(comm, shard, len),
     );
 }
 
 /// Times rank 0's half of `run` on 2 ranks joined through the real store and mesh over
 /// `link`, with `bus_bytes` of bus traffic per call; rank 1 mirrors every call on its own
-/// thread. Each rank's input, `input(rank)`, is made before rank 0's timed call starts.
-fn mirrored<I, R>(c: &mut Criterion, name: &str, link: Link, bus_bytes: usize, input: I, run: R)
-where
-    I: Fn(usize) -> HostBuffer + Clone + Send + 'static,
-    R: Fn(&HostCommunicator, HostBuffer) -> burn_dist_comm::Result<HostBuffer>
-        + Clone
-        + Send
-        + 'static,
+/// thread. Each rank's input, `input(comm, rank)`, is made before rank 0's timed call starts;
+/// what `run` returns is dropped after it.
+fn mirrored<B, O, I, R>(
+    c: &mut Criterion,
+    name: &str,
+    link: Link,
+    bus_bytes: usize,
+    input: I,
+    run: R,
+) where
+    B: Send + 'static,
+    I: Fn(&HostCommunicator, usize) -> B + Clone + Send + 'static,
+    R: Fn(&HostCommunicator, B) -> burn_dist_comm::Result<O> + Clone + Send + 'static,
 {
     let (_store, mut comms) = linked_group(2, &CommConfig::default(), link);
     let peer = comms.pop().expect("rank 1");
@@ -183,13 +274,15 @@ where
     let (peer_input, peer_run) = (input.clone(), run.clone());
     let peer_thread = std::thread::spawn(move || {
         loop {
-            let buf = peer_input(1);
+            let buf = peer_input(&peer, 1);
             ready.send(()).ok();
             if went.recv().is_err() {
                 break;
             }
-            peer_run(&peer, buf).expect("rank 1's collective");
+            let out = peer_run(&peer, buf).expect("rank 1's collective");
             done.send(()).expect("bench thread");
+            // Freed once the timed call is over, as rank 0's output is.
+            drop(out);
         }
     });
 
@@ -197,7 +290,7 @@ where
         b.iter_batched(
             || {
                 is_ready.recv().expect("rank 1 thread");
-                input(0)
+                input(&rank0, 0)
             },
             |buf| {
                 go.send(()).expect("rank 1 thread");
@@ -291,6 +384,9 @@ criterion_group!(
     all_gather_tcp,
     all_gather_kept_shared_memory,
     all_gather_kept_tcp,
+    all_reduce_shared_buffers,
+    all_reduce_shared_buffers_again,
+    all_gather_shared_buffers,
     all_gather_direct_ceiling,
     all_reduce_direct_ceiling,
     tcp_exchange

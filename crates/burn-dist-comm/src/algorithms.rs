@@ -8,7 +8,9 @@
 use std::ops::Range;
 
 use crate::reduce::{chunk_range, fold_in_rank_order};
-use crate::transport::{Transport, exchange, exchange_with, recv_order, send_order};
+use crate::transport::{
+    Transport, exchange, exchange_small, exchange_with, recv_order, send_order,
+};
 use crate::{DType, HostBuffer, OpDesc, ReduceOp, Result};
 
 /// Reusable receive space, kept between collectives so that large ones do not fault in fresh
@@ -40,7 +42,7 @@ pub(crate) fn even_counts(len: usize, world: usize) -> Vec<usize> {
 }
 
 /// Byte ranges of consecutive chunks of `counts[q]` elements each.
-fn count_bytes(counts: &[usize], elem: usize) -> Vec<Range<usize>> {
+pub(crate) fn count_bytes(counts: &[usize], elem: usize) -> Vec<Range<usize>> {
     let mut start = 0;
     counts
         .iter()
@@ -221,11 +223,23 @@ pub(crate) fn all_gather_counts(
     mut full: HostBuffer,
 ) -> Result<HostBuffer> {
     let dtype = shard.dtype();
-    let ranges = count_bytes(counts, dtype.size());
-    full.as_bytes_mut()[ranges[t.rank()].clone()].copy_from_slice(shard.as_bytes());
-    let chunks = split_by_sizes(full.as_bytes_mut(), ranges.iter().map(Range::len));
-    gather_chunks(t, op, chunks)?;
+    let own = count_bytes(counts, dtype.size())[t.rank()].clone();
+    full.as_bytes_mut()[own].copy_from_slice(shard.as_bytes());
+    all_gather_counts_in_place(t, op, full.as_bytes_mut(), counts, dtype.size())?;
     Ok(full)
+}
+
+/// Fills every rank's chunk of `data` (rank `q`'s holds the `counts[q]` elements of `elem`
+/// bytes after those of the ranks before it) with its owner's; this rank's is sent as it is.
+pub(crate) fn all_gather_counts_in_place(
+    t: &mut dyn Transport,
+    op: &OpDesc,
+    data: &mut [u8],
+    counts: &[usize],
+    elem: usize,
+) -> Result<()> {
+    let ranges = count_bytes(counts, elem);
+    gather_chunks(t, op, split_by_sizes(data, ranges.iter().map(Range::len)))
 }
 
 /// Root scatters the chunks, then everyone all-gathers: the root sends the buffer once instead
@@ -253,6 +267,19 @@ pub(crate) fn broadcast(
 
 /// Every rank sends an empty message to every other rank and waits for theirs.
 pub(crate) fn barrier(t: &mut dyn Transport, op: &OpDesc) -> Result<()> {
+    empty_messages(t, op, exchange)
+}
+
+/// [`barrier`] through [`exchange_small`]: for the in-place collectives' barriers, on process
+/// links only (see there).
+pub(crate) fn barrier_small(t: &mut dyn Transport, op: &OpDesc) -> Result<()> {
+    empty_messages(t, op, exchange_small)
+}
+
+type Exchange =
+    fn(&mut dyn Transport, &OpDesc, &[(usize, &[u8])], &mut [(usize, &mut [u8])]) -> Result<()>;
+
+fn empty_messages(t: &mut dyn Transport, op: &OpDesc, exchange: Exchange) -> Result<()> {
     let (rank, world) = (t.rank(), t.world());
     let sends: Vec<(usize, &[u8])> = send_order(rank, world).map(|q| (q, &[][..])).collect();
     let mut recvs: Vec<(usize, &mut [u8])> =

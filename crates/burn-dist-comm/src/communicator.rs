@@ -7,10 +7,13 @@ use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
 use std::thread::JoinHandle;
 
 use crate::algorithms::{self, Scratch};
+use crate::direct::{self, Path};
 use crate::reduce::chunk_range;
 use crate::transport::local::local_group;
-use crate::transport::{Link, Transport};
-use crate::{CommConfig, CommError, DType, HostBuffer, Lane, OpDesc, OpKind, ReduceOp, Result};
+use crate::transport::{Arenas, Link, Transport};
+use crate::{
+    CommConfig, CommError, DType, HostBuffer, Lane, OpDesc, OpKind, ReduceOp, Result, SharedBuffer,
+};
 
 /// Collectives over flat buffers with asynchronous completion.
 ///
@@ -128,10 +131,21 @@ enum Job {
     ),
     Broadcast(HostBuffer, usize, Done<HostBuffer>),
     Barrier(Done<()>),
+    /// An in-place collective on a shared buffer, with every rank's element count.
+    Shared(InPlace, SharedBuffer, Vec<usize>, Done<SharedBuffer>),
     /// Names for tags, index `tag - 1` (not a collective: no message, no sequence number).
     Labels(Vec<String>),
     /// Stops the group with the caller's reason (not a collective).
     Abort(String, Done<()>),
+}
+
+/// The in-place collectives on a [`SharedBuffer`].
+#[derive(Debug, Clone, Copy)]
+enum InPlace {
+    AllReduce(ReduceOp),
+    ReduceScatter(ReduceOp),
+    /// With its tag.
+    AllGather(u32),
 }
 
 /// The host (CPU) communicator, over in-process channels, TCP or shared memory.
@@ -146,6 +160,10 @@ pub struct HostCommunicator {
     worker: Option<JoinHandle<()>>,
     /// Collectives issued on this lane.
     issued: AtomicU64,
+    /// Collectives of this lane that read the peers' buffers in place.
+    direct: Arc<AtomicU64>,
+    /// Every rank's arena, where the peers share this host's memory: shared buffers go there.
+    arenas: Option<Arc<Arenas>>,
     /// The gather lane, if the group has one.
     gathers: Option<Box<HostCommunicator>>,
 }
@@ -169,11 +187,14 @@ impl HostCommunicator {
         gathers: Option<Box<HostCommunicator>>,
     ) -> Result<Self> {
         let (rank, world, links) = (transport.rank(), transport.world(), transport.links());
+        let arenas = transport.arenas();
+        let direct = Arc::new(AtomicU64::new(0));
         let (jobs, queue) = mpsc::channel();
         let name = match lane {
             Lane::Main => format!("burn-dist-comm-{rank}"),
             Lane::Gather => format!("burn-dist-gather-{rank}"),
         };
+        let counted = direct.clone();
         let worker = std::thread::Builder::new()
             .name(name)
             .spawn(move || {
@@ -183,6 +204,7 @@ impl HostCommunicator {
                     lane,
                     scratch: Scratch::default(),
                     labels: None,
+                    direct: counted.clone(),
                 }
                 .run(queue)
             })
@@ -194,6 +216,8 @@ impl HostCommunicator {
             jobs: Some(jobs),
             worker: Some(worker),
             issued: AtomicU64::new(0),
+            direct,
+            arenas,
             gathers,
         })
     }
@@ -224,6 +248,77 @@ impl HostCommunicator {
     /// How the data reaches each peer: `links()[peer]`, `None` for this rank.
     pub fn links(&self) -> &[Option<Link>] {
         &self.links
+    }
+
+    /// Collectives of this lane so far that read the peers' shared buffers where they lie
+    /// (see [`HostCommunicator::shared_buffer`]); the others went through the links.
+    pub fn direct_collectives(&self) -> u64 {
+        self.direct.load(Ordering::Relaxed)
+    }
+
+    /// A buffer of `len` zeros for this group's in-place collectives
+    /// ([`all_reduce_shared`](Self::all_reduce_shared),
+    /// [`reduce_scatter_shared`](Self::reduce_scatter_shared),
+    /// [`all_gather_shared`](Self::all_gather_shared)), on either lane.
+    ///
+    /// Where every peer is on this host and linked through shared memory, it lives in this
+    /// rank's arena under `/dev/shm`, and those collectives read the peers' buffers where they
+    /// lie instead of copying through the rings (at 2 ranks, about half the copies). Elsewhere,
+    /// or when `/dev/shm` has no room for it, it is on the heap and the collectives go through
+    /// the links; a collective reads in place only if every rank's buffer is shared. Its memory
+    /// counts as shared memory (`RssShmem`) to this rank and, once read, to its peers.
+    pub fn shared_buffer(&self, dtype: DType, len: usize) -> SharedBuffer {
+        #[cfg(target_os = "linux")]
+        if let Some(arenas) = self.arenas.as_ref().filter(|_| len > 0)
+            && let Some(buffer) = SharedBuffer::in_arena(&arenas.own, dtype, len)
+        {
+            return buffer;
+        }
+        SharedBuffer::on_heap(dtype, len)
+    }
+
+    /// Whether `buf` lies in this group's shared memory (made by this group's
+    /// [`shared_buffer`](Self::shared_buffer), not another group's), so that this group's
+    /// collectives can read it in place.
+    pub fn holds(&self, buf: &SharedBuffer) -> bool {
+        #[cfg(target_os = "linux")]
+        if let (Some(arenas), Some(region)) = (&self.arenas, buf.region()) {
+            return region.is_in(&arenas.own);
+        }
+        _ = buf;
+        false
+    }
+
+    /// Reduces `buf` over all ranks in place: every rank gets the whole result, bitwise what
+    /// [`Communicator::all_reduce`] gives.
+    pub fn all_reduce_shared(&self, buf: SharedBuffer, op: ReduceOp) -> Pending<SharedBuffer> {
+        let counts = algorithms::even_counts(buf.len(), self.world);
+        self.submit(|done| Job::Shared(InPlace::AllReduce(op), buf, counts, done))
+    }
+
+    /// Reduces `buf` over all ranks in place into uneven chunks, as
+    /// [`Communicator::reduce_scatter_counts`]: afterwards this rank's chunk (the
+    /// `counts[rank]` elements after those of the ranks before it) holds the reduction, and
+    /// the other chunks hold this rank's input still.
+    pub fn reduce_scatter_shared(
+        &self,
+        buf: SharedBuffer,
+        op: ReduceOp,
+        counts: Vec<usize>,
+    ) -> Pending<SharedBuffer> {
+        self.submit(|done| Job::Shared(InPlace::ReduceScatter(op), buf, counts, done))
+    }
+
+    /// All-gather in place, tagged as [`HostCommunicator::all_gather_counts`]: this rank's
+    /// chunk of `buf` (the `counts[rank]` elements after those of the ranks before it) must hold
+    /// its contribution; afterwards every chunk holds its owner's.
+    pub fn all_gather_shared(
+        &self,
+        buf: SharedBuffer,
+        counts: Vec<usize>,
+        tag: u32,
+    ) -> Pending<SharedBuffer> {
+        self.submit(|done| Job::Shared(InPlace::AllGather(tag), buf, counts, done))
     }
 
     /// Queues a collective.
@@ -368,6 +463,8 @@ struct Worker {
     scratch: Scratch,
     /// What each tag stands for, for error messages ([`HostCommunicator::label_tags`]).
     labels: Option<Arc<[String]>>,
+    /// See [`HostCommunicator::direct_collectives`].
+    direct: Arc<AtomicU64>,
 }
 
 impl Worker {
@@ -394,6 +491,17 @@ impl Worker {
     }
 
     fn desc(&self, kind: OpKind, buf: Option<&HostBuffer>, reduce: Option<ReduceOp>) -> OpDesc {
+        let buf = buf.map(|b| (b.dtype(), b.as_bytes().len()));
+        self.desc_of(kind, buf, reduce)
+    }
+
+    /// The collective's description, for a buffer of `(dtype, bytes)` if it has one.
+    fn desc_of(
+        &self,
+        kind: OpKind,
+        buf: Option<(DType, usize)>,
+        reduce: Option<ReduceOp>,
+    ) -> OpDesc {
         OpDesc {
             kind,
             seq: self.seq,
@@ -401,10 +509,47 @@ impl Worker {
             tag: 0,
             // An untagged collective can still meet a tagged one from a diverged peer.
             tag_labels: self.labels.clone(),
-            dtype: buf.map(HostBuffer::dtype),
+            dtype: buf.map(|(dtype, _)| dtype),
             reduce,
-            bytes: buf.map_or(0, |b| b.as_bytes().len()),
+            bytes: buf.map_or(0, |(_, bytes)| bytes),
         }
+    }
+
+    /// Runs an in-place collective on a shared buffer, in place when every rank's is shared.
+    fn in_place(
+        &mut self,
+        what: InPlace,
+        mut buf: SharedBuffer,
+        counts: &[usize],
+    ) -> Result<SharedBuffer> {
+        let (rank, world) = (self.transport.rank(), self.transport.world());
+        let shape = Some((buf.dtype(), buf.as_bytes().len()));
+        let (kind, reduce, tag) = match what {
+            InPlace::AllReduce(reduce) => (OpKind::AllReduce, Some(reduce), 0),
+            InPlace::ReduceScatter(reduce) => (OpKind::ReduceScatter, Some(reduce), 0),
+            InPlace::AllGather(tag) => (OpKind::AllGather, None, tag),
+        };
+        let op = OpDesc {
+            tag,
+            ..self.desc_of(kind, shape, reduce)
+        };
+        reduce.map_or(Ok(()), |reduce| check_reduce(&op, reduce))?;
+        check_counts(&op, counts, buf.len(), world)?;
+        let t = &mut *self.transport;
+        let path = match what {
+            InPlace::AllReduce(reduce) => {
+                direct::all_reduce(t, &op, &mut buf, reduce, counts, &mut self.scratch)
+            }
+            InPlace::ReduceScatter(reduce) => {
+                direct::reduce_scatter(t, &op, &mut buf, reduce, counts, &mut self.scratch)
+            }
+            InPlace::AllGather(_) => direct::all_gather(t, &op, &mut buf, counts),
+        }?;
+        if path == Path::Direct {
+            self.direct.fetch_add(1, Ordering::Relaxed);
+        }
+        tracing::trace!(rank, %op, ?path, "in-place collective");
+        Ok(buf)
     }
 
     fn execute(&mut self, job: Job) {
@@ -514,6 +659,10 @@ impl Worker {
             Job::Barrier(done) => {
                 let op = self.desc(OpKind::Barrier, None, None);
                 let result = algorithms::barrier(&mut *self.transport, &op);
+                self.finish(done, result);
+            }
+            Job::Shared(what, buf, counts, done) => {
+                let result = self.in_place(what, buf, &counts);
                 self.finish(done, result);
             }
             Job::Labels(_) | Job::Abort(..) => unreachable!("taken in `run`: not collectives"),

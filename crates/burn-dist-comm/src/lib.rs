@@ -2,6 +2,8 @@
 //!
 //! - [`Communicator`]: all-reduce (sum, avg, max), reduce-scatter, all-gather, broadcast and
 //!   barrier, issued asynchronously and completed through [`Pending`] handles.
+//! - [`SharedBuffer`]: a buffer for the host communicator's in-place collectives, which peers
+//!   on the same host read where it lies (in shared memory) instead of through the rings.
 //! - [`HostCommunicator`]: the CPU implementation, over in-process channels
 //!   ([`HostCommunicator::local_group`]) or between processes ([`init`]): TCP, and shared
 //!   memory between ranks on one host. Every element is
@@ -21,6 +23,7 @@ mod algorithms;
 mod buffer;
 mod communicator;
 mod config;
+mod direct;
 pub mod env;
 mod error;
 mod gate;
@@ -32,6 +35,7 @@ pub mod logging;
 mod nccl;
 mod op;
 mod reduce;
+mod shared;
 pub mod store;
 pub mod testing;
 pub mod threads;
@@ -48,5 +52,6 @@ pub use init::{Group, connect, init};
 pub use nccl::{DeviceBuffer, InPlaceGroup, InPlaceOp, NcclCommunicator, RawSlice};
 pub use op::{Lane, OpDesc, OpKind, human_bytes};
 pub use reduce::chunk_range;
+pub use shared::SharedBuffer;
 pub use threads::ThreadShare;
 pub use transport::Link;

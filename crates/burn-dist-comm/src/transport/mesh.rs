@@ -91,18 +91,33 @@ fn link(
     }
     accept_higher(listener, rank, world, token, config, &mut links)?;
     #[cfg(target_os = "linux")]
-    for lane in 0..lanes {
-        // Every rank sets up the same lanes in the same order, so each call meets its peers'.
-        for (peer, shm) in super::shm::link_same_host_peers(rank, world, store, config)?
-            .into_iter()
-            .enumerate()
-        {
-            if let (Some(shm), Some(link)) = (shm, &mut links[peer]) {
-                link.data[lane] = DataLink::SharedMemory(shm);
+    let arenas = {
+        for lane in 0..lanes {
+            // Every rank sets up the same lanes in the same order, so each call meets its peers'.
+            for (peer, shm) in super::shm::link_same_host_peers(rank, world, store, config)?
+                .into_iter()
+                .enumerate()
+            {
+                if let (Some(shm), Some(link)) = (shm, &mut links[peer]) {
+                    link.data[lane] = DataLink::SharedMemory(shm);
+                }
             }
         }
-    }
-    ProcessTransport::lanes(rank, links, lanes, config.timeout)
+        let linked: Vec<bool> = links
+            .iter()
+            .map(|link| {
+                link.as_ref().is_some_and(|link| {
+                    link.data
+                        .iter()
+                        .all(|data| data.kind() == super::Link::SharedMemory)
+                })
+            })
+            .collect();
+        super::shm::share_arenas(rank, world, store, &linked)?
+    };
+    #[cfg(not(target_os = "linux"))]
+    let arenas = None;
+    ProcessTransport::lanes(rank, links, lanes, config.timeout, arenas)
         .map_err(|e| CommError::io("setting up peer links", e))
 }
 

@@ -14,6 +14,25 @@ pub(crate) mod process;
 pub(crate) mod shm;
 
 pub use link::Link;
+#[cfg(target_os = "linux")]
+pub(crate) use shm::{Arenas, Region};
+/// Arenas exist only on Linux: elsewhere no transport has any, and none can be made.
+#[cfg(not(target_os = "linux"))]
+pub(crate) struct Arenas {
+    pub peers: Vec<Option<NoArena>>,
+    _none: std::convert::Infallible,
+}
+
+/// A peer's arena where there are none.
+#[cfg(not(target_os = "linux"))]
+pub(crate) struct NoArena;
+
+#[cfg(not(target_os = "linux"))]
+impl NoArena {
+    pub(crate) fn bytes(&self, _offset: usize, _len: usize) -> Option<&[u8]> {
+        None
+    }
+}
 
 use crate::wire::Header;
 use crate::{CommError, OpDesc, Result};
@@ -94,6 +113,11 @@ pub(crate) trait Transport: Send {
     fn parts(&mut self) -> (&dyn Tx, &mut dyn Rx, &dyn Abort);
     /// How the data reaches each peer (`None` for this rank).
     fn links(&self) -> Vec<Option<Link>>;
+    /// This rank's arena and every peer's, where every peer shares this host's memory (see
+    /// `shm::arena`): collectives on buffers in them read the peers' buffers in place.
+    fn arenas(&self) -> Option<std::sync::Arc<Arenas>> {
+        None
+    }
     /// Aborts the group with `error` (see [`Abort::abort`]).
     fn abort(&mut self, error: CommError) -> CommError {
         self.parts().2.abort(error)
@@ -112,6 +136,40 @@ pub(crate) fn exchange(
     recvs: &mut [(usize, &mut [u8])],
 ) -> Result<()> {
     let inline = recvs.is_empty();
+    exchange_sending(transport, op, sends, recvs, inline)
+}
+
+/// Messages [`exchange_small`] may send on the calling thread.
+pub(crate) const SMALL_MESSAGE_BYTES: usize = 4096;
+
+/// [`exchange`] for messages of at most [`SMALL_MESSAGE_BYTES`] (the barriers and buffer
+/// locations of the in-place collectives), sent on this thread before anything is received:
+/// a helper thread would cost more than the message. No link (a ring of [`shm::RING_BYTES`],
+/// a socket's buffer) is too full to take one for good: a rank finishes a collective only once
+/// it has received all of its messages, so when both ranks of a link are in the same
+/// collective the link holds nothing older, and a peer still in an earlier one is receiving.
+///
+/// Only for links that report a vanished peer after a grace for its abort notice (processes,
+/// see `process::ABORT_GRACE`): sent first, a message to a rank that aborted and left would
+/// otherwise report the closed link rather than the rank's reason, which the in-process
+/// channels deliver only to a receive.
+pub(crate) fn exchange_small(
+    transport: &mut dyn Transport,
+    op: &OpDesc,
+    sends: &[(usize, &[u8])],
+    recvs: &mut [(usize, &mut [u8])],
+) -> Result<()> {
+    debug_assert!(sends.iter().all(|(_, s)| s.len() <= SMALL_MESSAGE_BYTES));
+    exchange_sending(transport, op, sends, recvs, true)
+}
+
+fn exchange_sending(
+    transport: &mut dyn Transport,
+    op: &OpDesc,
+    sends: &[(usize, &[u8])],
+    recvs: &mut [(usize, &mut [u8])],
+    inline: bool,
+) -> Result<()> {
     exchange_with(transport, op, sends, inline, |rx| {
         for (peer, out) in recvs.iter_mut() {
             rx.recv(*peer, op, out)?;

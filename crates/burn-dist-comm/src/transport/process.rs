@@ -18,7 +18,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use super::link::{DataLink, Link};
-use super::{Abort, Rx, Transport, Tx, check_header, recv_into_scratch};
+use super::{Abort, Arenas, Rx, Transport, Tx, check_header, recv_into_scratch};
 use crate::wire::{HEADER_LEN, Header};
 use crate::{CommError, OpDesc, Result};
 
@@ -44,6 +44,8 @@ pub(crate) struct ProcessTransport {
     /// The control watchers, held by lane 0, which closes last and says goodbye for all.
     watchdogs: Vec<JoinHandle<()>>,
     lane: usize,
+    /// Every rank's collective buffers, where all peers share this host's memory.
+    arenas: Option<Arc<Arenas>>,
 }
 
 struct ProcessTx {
@@ -84,6 +86,7 @@ impl ProcessTransport {
         links: Vec<Option<PeerLink>>,
         lanes: usize,
         timeout: Duration,
+        arenas: Option<Arc<Arenas>>,
     ) -> io::Result<Vec<Self>> {
         let world = links.len();
         for link in links.iter().flatten() {
@@ -131,6 +134,7 @@ impl ProcessTransport {
                 shared: shared.clone(),
                 watchdogs: Vec::new(),
                 lane,
+                arenas: arenas.clone(),
             });
         }
         for (peer, link) in links.into_iter().enumerate() {
@@ -405,6 +409,10 @@ impl Transport for ProcessTransport {
 
     fn parts(&mut self) -> (&dyn Tx, &mut dyn Rx, &dyn Abort) {
         (&self.tx, &mut self.rx, &*self.shared)
+    }
+
+    fn arenas(&self) -> Option<Arc<Arenas>> {
+        self.arenas.clone()
     }
 
     fn links(&self) -> Vec<Option<Link>> {

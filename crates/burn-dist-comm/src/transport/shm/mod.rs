@@ -16,12 +16,14 @@
 //! separate `/dev/shm`, a full `/dev/shm`, shared memory turned off on either rank) it keeps its
 //! TCP data connection. Both ranks of a pair read the same four facts, so they always agree.
 
+pub(crate) mod arena;
 mod ring;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+pub(crate) use arena::{Arena, Arenas, PeerArena, Region};
 pub(crate) use ring::{ALIGN as RING_ALIGN, Ring};
 
 use crate::store::StoreClient;
@@ -67,6 +69,17 @@ impl Keys {
     fn opened(&self, writer: usize, reader: usize) -> String {
         format!("burn-dist/shm/{}/opened/{writer}/{reader}", self.generation)
     }
+
+    fn arena(&self, owner: usize) -> String {
+        format!("burn-dist/shm/{}/arena/{owner}", self.generation)
+    }
+
+    fn arena_opened(&self, owner: usize, reader: usize) -> String {
+        format!(
+            "burn-dist/shm/{}/arena-opened/{owner}/{reader}",
+            self.generation
+        )
+    }
 }
 
 /// The rings this rank created, by reader. Whatever is still here when it drops (an error
@@ -104,15 +117,19 @@ fn host_identity() -> Option<String> {
 /// The start of every ring file's name; the creator's pid follows it.
 const RING_PREFIX: &str = "burn-dist-";
 
-/// A fresh path for the ring from `writer` to `reader`, unique across jobs and retries. The
-/// creator's pid and pid namespace come first, so that [`sweep_stale_rings`] can tell whose
-/// file it is.
+/// A fresh path for the ring from `writer` to `reader`, unique across jobs and retries.
 fn ring_path(writer: usize, reader: usize) -> PathBuf {
+    shm_path(&format!("{writer}-to-{reader}"))
+}
+
+/// A fresh path for a file of this process under `/dev/shm`, ending in `what`. The creator's
+/// pid and pid namespace come first, so that [`sweep_stale_rings`] can tell whose file it is.
+fn shm_path(what: &str) -> PathBuf {
     let nanos = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
     let name = format!(
-        "{RING_PREFIX}{}-{:x}-{nanos:x}-{writer}-to-{reader}",
+        "{RING_PREFIX}{}-{:x}-{nanos:x}-{what}",
         std::process::id(),
         pid_namespace().unwrap_or(0)
     );
@@ -257,6 +274,79 @@ pub(crate) fn link_same_host_peers(
         }
     }
     Ok(links)
+}
+
+/// Gives this rank an arena that every peer maps, and maps every peer's, when all of `linked`
+/// (every peer but this rank) reach this rank through shared memory: then collectives on
+/// buffers in the arenas read the peers' buffers where they lie. `None` otherwise, or when any
+/// arena cannot be created or mapped; every rank takes part in the exchange either way. Like
+/// the rings, the file is unlinked once every peer has opened it (or failed to).
+pub(crate) fn share_arenas(
+    rank: usize,
+    world: usize,
+    store: &StoreClient,
+    linked: &[bool],
+) -> Result<Option<Arc<Arenas>>> {
+    let keys = Keys::new(rank, store)?;
+    let peers = || (0..world).filter(|&q| q != rank && linked[q]);
+    let every_peer_linked = world > 1 && peers().count() == world - 1;
+    let created = every_peer_linked
+        .then(|| {
+            let path = shm_path(&format!("arena-{rank}"));
+            Arena::create(&path, Arena::capacity_for(Path::new(SHM_DIR)))
+                .inspect_err(|e| {
+                    tracing::warn!(
+                        rank,
+                        "cannot create a shared-memory arena at {}, collectives go through the \
+                         rings: {e}",
+                        path.display()
+                    )
+                })
+                .ok()
+                .map(|arena| (path, arena))
+        })
+        .flatten();
+    let published = created.as_ref().map_or(Path::new(""), |(p, _)| p);
+    store.set(&keys.arena(rank), published.as_os_str().as_encoded_bytes())?;
+
+    let mut mapped: Vec<Option<PeerArena>> = (0..world).map(|_| None).collect();
+    for peer in peers() {
+        let path = String::from_utf8_lossy(&store.get(&keys.arena(peer))?).into_owned();
+        let verdict = if path.is_empty() {
+            b"not created".to_vec()
+        } else {
+            match PeerArena::open(Path::new(&path)) {
+                Ok(arena) => {
+                    mapped[peer] = Some(arena);
+                    OPENED.to_vec()
+                }
+                Err(e) => format!("rank {rank} cannot map {path}: {e}").into_bytes(),
+            }
+        };
+        store.set(&keys.arena_opened(peer, rank), &verdict)?;
+    }
+    for peer in peers() {
+        let verdict = store.get(&keys.arena_opened(rank, peer))?;
+        if created.is_some() && verdict != OPENED {
+            tracing::warn!(
+                rank,
+                peer,
+                "rank {peer} cannot read this rank's arena, collectives go through the rings ({})",
+                String::from_utf8_lossy(&verdict)
+            );
+        }
+    }
+    let Some((path, own)) = created else {
+        return Ok(None);
+    };
+    _ = std::fs::remove_file(&path);
+    let complete = peers().all(|q| mapped[q].is_some());
+    Ok(complete.then(|| {
+        Arc::new(Arenas {
+            own: Arc::new(own),
+            peers: mapped,
+        })
+    }))
 }
 
 #[cfg(test)]

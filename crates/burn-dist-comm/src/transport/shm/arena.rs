@@ -1,0 +1,297 @@
+//! Each rank's collective buffers in shared memory, which its peers on the host read directly.
+//!
+//! Through the rings every byte of a collective is copied into a ring and out again, on the
+//! cores the ranks share; at 2 ranks that reaches about a third of what the copies themselves
+//! would allow (docs/perf/host-all-reduce.md, "the ceiling"). A buffer that lives in an arena
+//! instead, a file under `/dev/shm` that every peer maps read-only, is read by the peers where
+//! it lies: a peer folds or copies straight out of it, with no ring in between.
+//!
+//! A rank writes only into its own arena; peers map it read-only, so no peer can corrupt
+//! another's buffers. The file is sparse: its size is the address space, not memory. Memory is
+//! reserved for each buffer when it is allocated (`fallocate`), so a full `/dev/shm` is a
+//! failed allocation (the caller falls back to the heap) rather than a SIGBUS, and it is
+//! returned to the system when the buffer is freed (a punched hole, which peers then read as
+//! zeros, never as another buffer's bytes).
+
+use std::collections::BTreeMap;
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use memmap2::{MmapOptions, MmapRaw};
+
+/// Buffers start at page boundaries, so that freeing one (a punched hole) never touches a
+/// neighbour's bytes, and every element type is aligned.
+const PAGE: usize = 4096;
+
+/// The arena's address space when `/dev/shm`'s size cannot be read: enough for any host
+/// buffer, and only address space until buffers use it.
+const DEFAULT_CAPACITY: usize = 64 << 30;
+
+/// This rank's arena: it allocates buffers in it and writes them; its peers read them.
+pub(crate) struct Arena {
+    file: File,
+    map: MmapRaw,
+    /// Free ranges, offset → length, coalesced. Their memory is not reserved.
+    free: Mutex<BTreeMap<usize, usize>>,
+}
+
+impl Arena {
+    /// Creates the arena's file at `path` (it must not exist; only this user may open it) with
+    /// `capacity` bytes of address space, none of it reserved yet.
+    pub(crate) fn create(path: &Path, capacity: usize) -> io::Result<Arena> {
+        let capacity = capacity / PAGE * PAGE;
+        if capacity == 0 {
+            let why = "an arena needs at least one page".to_string();
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, why));
+        }
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(path)?;
+        let sized_and_mapped = || {
+            file.set_len(capacity as u64)?;
+            MmapOptions::new().map_raw(&file)
+        };
+        let map = sized_and_mapped().inspect_err(|_| _ = std::fs::remove_file(path))?;
+        Ok(Arena {
+            file,
+            map,
+            free: Mutex::new(BTreeMap::from([(0, capacity)])),
+        })
+    }
+
+    /// The address space `/dev/shm` (at `dir`) can back: its size, so that no allocation that
+    /// could succeed is refused for want of address space.
+    pub(crate) fn capacity_for(dir: &Path) -> usize {
+        use std::os::unix::ffi::OsStrExt;
+        let Ok(path) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else {
+            return DEFAULT_CAPACITY;
+        };
+        let mut stats = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+        // SAFETY: `path` is a valid C string and `stats` is written by the call before it is read.
+        if unsafe { libc::statvfs(path.as_ptr(), stats.as_mut_ptr()) } != 0 {
+            return DEFAULT_CAPACITY;
+        }
+        // SAFETY: statvfs succeeded, so it filled `stats`.
+        let stats = unsafe { stats.assume_init() };
+        let size = (stats.f_blocks as u128) * (stats.f_frsize as u128);
+        usize::try_from(size).unwrap_or(DEFAULT_CAPACITY).max(PAGE)
+    }
+
+    /// A zeroed region of at least `bytes` bytes (a whole number of pages), its memory
+    /// reserved; `None` when the arena has no free range that large or the system refuses the
+    /// memory (a full `/dev/shm`, a memory limit).
+    pub(crate) fn alloc(self: &Arc<Self>, bytes: usize) -> Option<Region> {
+        let size = bytes.max(1).next_multiple_of(PAGE);
+        let offset = {
+            let mut free = self.free.lock().expect("arena free list");
+            let (&offset, &len) = free.iter().find(|&(_, &len)| len >= size)?;
+            free.remove(&offset);
+            if len > size {
+                free.insert(offset + size, len - size);
+            }
+            offset
+        };
+        // SAFETY: a plain system call on the arena's own file descriptor.
+        let reserved = unsafe {
+            libc::fallocate(
+                self.file.as_raw_fd(),
+                0,
+                offset as libc::off_t,
+                size as libc::off_t,
+            )
+        };
+        if reserved != 0 {
+            tracing::debug!(
+                "no shared memory for a {size}-byte buffer ({}), using the heap",
+                io::Error::last_os_error()
+            );
+            self.give_back(offset, size);
+            return None;
+        }
+        Some(Region {
+            arena: self.clone(),
+            offset,
+            size,
+        })
+    }
+
+    /// Returns `size` bytes at `offset` to the system and to the free list.
+    fn release(&self, offset: usize, size: usize) {
+        // SAFETY: a plain system call on the arena's own file descriptor; the range is a
+        // region nobody holds any more.
+        unsafe {
+            libc::fallocate(
+                self.file.as_raw_fd(),
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                offset as libc::off_t,
+                size as libc::off_t,
+            )
+        };
+        self.give_back(offset, size);
+    }
+
+    /// Puts a range back on the free list, merged with free neighbours.
+    fn give_back(&self, mut offset: usize, mut size: usize) {
+        let mut free = self.free.lock().expect("arena free list");
+        if let Some((&before, &len)) = free.range(..offset).next_back()
+            && before + len == offset
+        {
+            free.remove(&before);
+            offset = before;
+            size += len;
+        }
+        if let Some(len) = free.remove(&(offset + size)) {
+            size += len;
+        }
+        free.insert(offset, size);
+    }
+}
+
+/// A buffer in this rank's arena; its memory goes back to the system when it drops.
+pub(crate) struct Region {
+    arena: Arc<Arena>,
+    offset: usize,
+    size: usize,
+}
+
+impl Region {
+    /// Where the region starts in its arena: what a peer needs to find it.
+    pub(crate) fn offset(&self) -> usize {
+        self.offset
+    }
+
+    /// Whether this region lies in `arena`.
+    pub(crate) fn is_in(&self, arena: &Arc<Arena>) -> bool {
+        Arc::ptr_eq(&self.arena, arena)
+    }
+
+    /// The region's first `len` bytes (`len` at most its size).
+    pub(crate) fn bytes(&self, len: usize) -> &[u8] {
+        assert!(
+            len <= self.size,
+            "{len} bytes past a {}-byte region",
+            self.size
+        );
+        // SAFETY: the region lies inside the mapping, which lives as long as `self.arena`;
+        // this rank is the only writer, and `&self` excludes its writes through `bytes_mut`.
+        unsafe { std::slice::from_raw_parts(self.arena.map.as_ptr().add(self.offset), len) }
+    }
+
+    /// The region's first `len` bytes, for writing.
+    pub(crate) fn bytes_mut(&mut self, len: usize) -> &mut [u8] {
+        assert!(
+            len <= self.size,
+            "{len} bytes past a {}-byte region",
+            self.size
+        );
+        // SAFETY: as in `bytes`; `&mut self` makes this the only reference in this process.
+        // Peers only read, and only during a collective that holds the buffer.
+        unsafe { std::slice::from_raw_parts_mut(self.arena.map.as_mut_ptr().add(self.offset), len) }
+    }
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        self.arena.release(self.offset, self.size);
+    }
+}
+
+impl std::fmt::Debug for Region {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Region({} bytes at {})", self.size, self.offset)
+    }
+}
+
+/// A peer's arena, mapped read-only.
+pub(crate) struct PeerArena {
+    map: MmapRaw,
+}
+
+impl PeerArena {
+    /// Maps the arena another rank created at `path`.
+    pub(crate) fn open(path: &Path) -> io::Result<PeerArena> {
+        let file = OpenOptions::new().read(true).open(path)?;
+        let map = MmapOptions::new().map_raw_read_only(&file)?;
+        Ok(PeerArena { map })
+    }
+
+    /// `len` bytes at `offset`, or `None` if that range is not in the arena (a peer's offset
+    /// that cannot be right must not make this rank read outside its mapping).
+    ///
+    /// The bytes are the peer's: the collective protocol guarantees that the peer does not
+    /// write them while they are read.
+    pub(crate) fn bytes(&self, offset: usize, len: usize) -> Option<&[u8]> {
+        let end = offset.checked_add(len)?;
+        (end <= self.map.len()).then(|| {
+            // SAFETY: the range lies inside the read-only mapping, which lives as long as
+            // `self`.
+            unsafe { std::slice::from_raw_parts(self.map.as_ptr().add(offset), len) }
+        })
+    }
+}
+
+/// This rank's arena and every peer's, all mapped: what a direct collective needs.
+pub(crate) struct Arenas {
+    pub own: Arc<Arena>,
+    /// `peers[q]`: rank `q`'s arena (`None` for this rank).
+    pub peers: Vec<Option<PeerArena>>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn arena(capacity: usize) -> (tempfile::TempDir, Arc<Arena>) {
+        let dir = tempfile::tempdir().unwrap();
+        let arena = Arena::create(&dir.path().join("arena"), capacity).unwrap();
+        (dir, Arc::new(arena))
+    }
+
+    #[test]
+    fn regions_are_disjoint_zeroed_pages_seen_by_a_reader_and_reused_once_freed() {
+        let (dir, arena) = arena(16 * PAGE);
+        let reader = PeerArena::open(&dir.path().join("arena")).unwrap();
+        let mut a = arena.alloc(10).unwrap();
+        let mut b = arena.alloc(PAGE + 1).unwrap();
+        assert_eq!((a.offset(), b.offset()), (0, PAGE));
+        a.bytes_mut(10).fill(1);
+        b.bytes_mut(PAGE + 1).fill(2);
+        assert_eq!(reader.bytes(0, 10).unwrap(), &[1; 10]);
+        assert!(
+            reader
+                .bytes(PAGE, PAGE + 1)
+                .unwrap()
+                .iter()
+                .all(|&x| x == 2)
+        );
+        drop(a);
+        // The freed page reads as zeros to the peer, and is handed out again, zeroed.
+        assert!(reader.bytes(0, PAGE).unwrap().iter().all(|&x| x == 0));
+        let c = arena.alloc(PAGE).unwrap();
+        assert_eq!(c.offset(), 0);
+        assert!(c.bytes(PAGE).iter().all(|&x| x == 0));
+        drop((b, c));
+        // Everything coalesced back into one range: the whole arena fits again.
+        assert!(arena.alloc(16 * PAGE).is_some());
+    }
+
+    #[test]
+    fn an_arena_without_room_refuses_and_a_reader_refuses_ranges_past_its_end() {
+        let (dir, arena) = arena(4 * PAGE);
+        let held = arena.alloc(3 * PAGE).unwrap();
+        assert!(arena.alloc(2 * PAGE).is_none());
+        assert!(arena.alloc(PAGE).is_some());
+        drop(held);
+        let reader = PeerArena::open(&dir.path().join("arena")).unwrap();
+        assert!(reader.bytes(3 * PAGE, PAGE).is_some());
+        assert!(reader.bytes(3 * PAGE, PAGE + 1).is_none());
+        assert!(reader.bytes(usize::MAX, 2).is_none());
+    }
+}
