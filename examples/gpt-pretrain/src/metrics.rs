@@ -97,6 +97,10 @@ pub struct ShardRecord {
     pub reused_buffers: u64,
     #[serde(default)]
     pub pooled_mib: f64,
+    /// Host gathers of the step that read the peers' pieces where they lie (shared buffers
+    /// of ranks on one host).
+    #[serde(default)]
+    pub gathered_in_place: u64,
 }
 
 /// Tokens per second of wall time: over one iteration, over a log interval and over the whole
@@ -268,6 +272,7 @@ mod tests {
                 prefetched: 3,
                 reused_buffers: 2,
                 pooled_mib: 0.25,
+                gathered_in_place: 1,
             }),
             elapsed_s: 1.0,
             bytes_to_host: 4096,

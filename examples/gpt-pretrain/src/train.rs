@@ -355,6 +355,7 @@ impl<'a, B: DistributedAutodiff> Trainer<'a, B> {
                     prefetched: now.prefetched - before.prefetched,
                     reused_buffers: now.reused_buffers - before.reused_buffers,
                     pooled_mib: mib(now.pooled_bytes as u64),
+                    gathered_in_place: now.gathered_in_place - before.gathered_in_place,
                 }
             });
             let rate = clock.lap(tokens);
@@ -637,8 +638,12 @@ fn log_line(r: &StepRecord, steps: u64, tokens_per_s: f64, mfu: Option<f64>) -> 
     if let Some(shards) = &r.shards {
         line += &format!(
             " | shard {:.1} MiB, gathered {:.1} MiB at most, {:.2} s waiting for gathers, \
-             {} into kept buffers",
-            shards.shard_mib, shards.gathered_peak_mib, shards.gather_wait_s, shards.reused_buffers
+             {} into kept buffers, {} read in place",
+            shards.shard_mib,
+            shards.gathered_peak_mib,
+            shards.gather_wait_s,
+            shards.reused_buffers,
+            shards.gathered_in_place
         );
     }
     line

@@ -2,14 +2,16 @@
 //! copy.
 //!
 //! Every step gathers the same units of parameters, so a unit's buffer, once its parameters'
-//! tensors are dropped, goes back to a pool and the next gather of that size writes into it
-//! (`HostCommunicator::all_gather_counts_into`). Without it each gather mapped fresh memory
-//! (page faults on every step), and freed gathers between longer-lived activations fragmented
-//! glibc's heap (docs/perf/zero3.md, "The allocator decides the step time").
+//! tensors are dropped, goes back to a pool and the next gather of that size writes into it.
+//! Without it each gather mapped fresh memory (page faults on every step), and freed gathers
+//! between longer-lived activations fragmented glibc's heap (docs/perf/zero3.md, "The allocator
+//! decides the step time"). The buffers are the communicator's shared buffers
+//! (`HostCommunicator::shared_buffer`): where the ranks share a host, the peers read each
+//! rank's pieces straight out of its buffer.
 //!
 //! What it keeps is bounded, since stage 3 is chosen for memory: free buffers and units alive
 //! together never hold more than the units alive held at once in a step, and results of 32 MiB
-//! or more (fresh huge pages, few faults) are not kept. At the GPT-2 124M shape on 4 CPU ranks
+//! or more (the tied embedding, which would be held through the whole step) are not kept. At the GPT-2 124M shape on 4 CPU ranks
 //! that is 20 MiB kept, the peak per rank unchanged (1049 against 1038 MiB) and the step 0.86×;
 //! keeping up to the whole gathered peak, tied embedding included, was about 5 % faster, within
 //! the VM's spread between runs, for 250 MiB more (docs/perf/zero3.md, "Gathers into kept
@@ -20,12 +22,12 @@
 //! copies any `Vec<u8>` whole (a byte vector is aligned to 1, and `Bytes` wants 16).
 
 use std::collections::HashMap;
-use std::mem::{ManuallyDrop, MaybeUninit};
+use std::mem::MaybeUninit;
 use std::ops::Range;
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex};
 
-use burn_dist_comm::HUGE_PAGE_RESULT_BYTES;
+use burn_dist_comm::{HUGE_PAGE_RESULT_BYTES, SharedBuffer};
 use burn_std::bytes::{AllocationController, AllocationProperty, Bytes};
 
 /// The alignment `Bytes` asks of an allocation (cubecl-common's `MAX_ALIGN`, `u128`'s).
@@ -39,7 +41,7 @@ pub(crate) struct GatherPool {
 
 #[derive(Debug, Default)]
 struct Free {
-    by_len: HashMap<usize, Vec<Vec<u8>>>,
+    by_len: HashMap<usize, Vec<SharedBuffer>>,
     /// Bytes of the buffers in `by_len`.
     bytes: usize,
     /// Bytes of the gathered units alive (their tensors not all dropped yet) of a size the
@@ -56,7 +58,7 @@ struct Free {
 impl GatherPool {
     /// A buffer of `len` bytes kept from an earlier gather, if one is free (its contents are
     /// the old gather's: the next gather overwrites them all).
-    pub(crate) fn take(&self, len: usize) -> Option<Vec<u8>> {
+    pub(crate) fn take(&self, len: usize) -> Option<SharedBuffer> {
         let mut free = self.lock();
         let buffer = free.by_len.get_mut(&len)?.pop()?;
         free.bytes -= len;
@@ -92,17 +94,16 @@ impl GatherPool {
         }
     }
 
-    /// Whether buffers of `len` bytes are kept. Not empty ones, and not results large enough
-    /// to be fresh transparent huge pages (`HostBuffer::for_result`): their few faults cost
-    /// little, and keeping one (the tied embedding's 147 MiB at GPT-2 small) would hold it
-    /// through the whole step.
+    /// Whether buffers of `len` bytes are kept. Not empty ones, and not results of
+    /// [`HUGE_PAGE_RESULT_BYTES`] or more: keeping one (the tied embedding's 147 MiB at GPT-2
+    /// small) would hold it through the whole step.
     fn keeps(len: usize) -> bool {
         len > 0 && len < HUGE_PAGE_RESULT_BYTES
     }
 
     /// A unit's tensors are all dropped: its buffer is kept for the next gather of its size,
     /// or freed.
-    fn give_back(&self, buffer: Vec<u8>) {
+    fn give_back(&self, buffer: SharedBuffer) {
         let mut free = self.lock();
         let len = buffer.len();
         if !Self::keeps(len) {
@@ -125,39 +126,42 @@ impl GatherPool {
 /// One gather's result, shared by its parameters' tensors; back to the pool when the last is
 /// dropped.
 struct Unit {
-    /// The vector's raw parts: it is rebuilt (and given back) only on drop, so nothing else
-    /// holds a reference into it while the parts write their ranges.
-    ptr: NonNull<u8>,
+    /// Taken only on drop, so nothing else holds a reference into it while the parts write
+    /// their ranges through `start`.
+    buffer: Option<SharedBuffer>,
+    /// Where the buffer's bytes start.
+    start: NonNull<u8>,
     len: usize,
-    capacity: usize,
     pool: Arc<GatherPool>,
 }
 
-// SAFETY: `Unit` owns its buffer like a `Vec<u8>`; the parts touch disjoint ranges of it.
+// SAFETY: `Unit` owns its buffer; the parts touch disjoint ranges of it through `start`.
 unsafe impl Send for Unit {}
 unsafe impl Sync for Unit {}
 
 impl Drop for Unit {
     fn drop(&mut self) {
-        // SAFETY: the raw parts of the vector `split` took apart, rebuilt once.
-        let buffer = unsafe { Vec::from_raw_parts(self.ptr.as_ptr(), self.len, self.capacity) };
-        self.pool.give_back(buffer);
+        if let Some(buffer) = self.buffer.take() {
+            self.pool.give_back(buffer);
+        }
     }
 }
 
-/// Splits a gather's result into one [`Bytes`] per range of `ranges` (consecutive, covering
-/// the buffer or less), none of them copied; the buffer returns to `pool` when all are dropped.
+/// Splits a gather's result (u8) into one [`Bytes`] per range of `ranges` (consecutive,
+/// covering the buffer or less), none of them copied; the buffer returns to `pool` when all are
+/// dropped.
 pub(crate) fn split(
-    buffer: Vec<u8>,
+    mut buffer: SharedBuffer,
     ranges: &[Range<usize>],
     pool: &Arc<GatherPool>,
 ) -> Vec<Bytes> {
-    pool.lend(buffer.len());
-    let mut buffer = ManuallyDrop::new(buffer);
+    let len = buffer.as_bytes().len();
+    pool.lend(len);
+    let start = NonNull::new(buffer.as_bytes_mut().as_mut_ptr()).expect("a slice is not null");
     let unit = Arc::new(Unit {
-        ptr: NonNull::new(buffer.as_mut_ptr()).expect("a vector's pointer is not null"),
-        len: buffer.len(),
-        capacity: buffer.capacity(),
+        buffer: Some(buffer),
+        start,
+        len,
         pool: pool.clone(),
     });
     ranges
@@ -169,7 +173,7 @@ pub(crate) fn split(
                 range: range.clone(),
             };
             // SAFETY: the whole range is initialized (the gather wrote it, or an earlier one
-            // did, and `Vec<u8>`'s length covers it).
+            // did, and the buffer's length covers it).
             unsafe { Bytes::from_controller(Box::new(part), range.len()) }
         })
         .collect()
@@ -184,7 +188,7 @@ struct PartOfUnit {
 impl PartOfUnit {
     fn start(&self) -> *mut u8 {
         // SAFETY: `range` lies within the unit's buffer (checked in `split`).
-        unsafe { self.unit.ptr.as_ptr().add(self.range.start) }
+        unsafe { self.unit.start.as_ptr().add(self.range.start) }
     }
 }
 
@@ -215,10 +219,22 @@ impl AllocationController for PartOfUnit {
 mod tests {
     use super::*;
 
+    /// A buffer holding `bytes`.
+    fn shared(bytes: &[u8]) -> SharedBuffer {
+        let mut buffer = SharedBuffer::on_heap(burn_dist_comm::DType::U8, bytes.len());
+        buffer.as_bytes_mut().copy_from_slice(bytes);
+        buffer
+    }
+
     /// A unit of one part: all of `buffer`.
-    fn whole(buffer: Vec<u8>, pool: &Arc<GatherPool>) -> Vec<Bytes> {
+    fn whole_of(buffer: SharedBuffer, pool: &Arc<GatherPool>) -> Vec<Bytes> {
         let len = buffer.len();
         split(buffer, std::slice::from_ref(&(0..len)), pool)
+    }
+
+    /// A unit of one part: all of a buffer of `len` zeros.
+    fn whole(len: usize, pool: &Arc<GatherPool>) -> Vec<Bytes> {
+        whole_of(shared(&vec![0; len]), pool)
     }
 
     fn pool(cap: usize) -> Arc<GatherPool> {
@@ -230,8 +246,8 @@ mod tests {
     #[test]
     fn parts_read_their_ranges_and_the_buffer_returns_when_the_last_is_dropped() {
         let pool = pool(1 << 20);
-        let buffer: Vec<u8> = (0..48).collect();
-        let address = buffer.as_ptr();
+        let buffer = shared(&(0..48).collect::<Vec<u8>>());
+        let address = buffer.as_bytes().as_ptr();
         let mut parts = split(buffer, &[0..16, 16..20, 20..48], &pool);
         assert_eq!(&parts[1][..], &[16, 17, 18, 19]);
         assert_eq!(parts[2][0], 20);
@@ -244,8 +260,12 @@ mod tests {
         drop(last);
         assert_eq!(pool.free_bytes(), 48);
         let again = pool.take(48).expect("kept for the next gather of 48 bytes");
-        assert_eq!(again.as_ptr(), address, "the same memory, not a copy");
-        assert_eq!(again[3], 99);
+        assert_eq!(
+            again.as_bytes().as_ptr(),
+            address,
+            "the same memory, not a copy"
+        );
+        assert_eq!(again.as_bytes()[3], 99);
         assert_eq!(pool.reused(), 1);
         assert!(pool.take(48).is_none());
     }
@@ -253,12 +273,12 @@ mod tests {
     #[test]
     fn units_alive_and_free_buffers_stay_within_the_cap() {
         let pool = pool(100);
-        drop(whole(vec![0; 60], &pool));
-        drop(whole(vec![0; 60], &pool));
+        drop(whole(60, &pool));
+        drop(whole(60, &pool));
         assert_eq!(pool.free_bytes(), 60, "a second 60 bytes would pass 100");
         assert!(pool.take(61).is_none(), "kept by length");
-        let alive = whole(pool.take(60).unwrap(), &pool);
-        drop(whole(vec![0; 50], &pool));
+        let alive = whole_of(pool.take(60).unwrap(), &pool);
+        drop(whole(50, &pool));
         assert_eq!(pool.free_bytes(), 0, "60 alive and 50 more would pass 100");
         drop(alive);
         assert_eq!(pool.free_bytes(), 60);
@@ -267,39 +287,38 @@ mod tests {
     #[test]
     fn the_cap_is_the_most_units_held_alive_in_a_step_and_huge_results_are_not_kept() {
         let pool = Arc::new(GatherPool::default());
-        drop(whole(vec![0; 40], &pool));
+        drop(whole(40, &pool));
         assert_eq!(
             pool.free_bytes(),
             0,
             "nothing is kept before a step has ended"
         );
-        let first = whole(vec![0; 30], &pool);
-        let second = whole(vec![0; 20], &pool);
+        let first = whole(30, &pool);
+        let second = whole(20, &pool);
         drop((first, second));
         pool.end_step();
         // The step held 50 bytes at once at most: the 40 alone, or 30 and 20 together.
-        drop(whole(vec![0; 30], &pool));
-        drop(whole(vec![0; 20], &pool));
+        drop(whole(30, &pool));
+        drop(whole(20, &pool));
         assert_eq!(pool.free_bytes(), 50);
-        drop(whole(vec![0; 10], &pool));
+        drop(whole(10, &pool));
         assert_eq!(
             pool.free_bytes(),
             50,
             "60 bytes would pass what the step held"
         );
 
-        let huge = vec![0; HUGE_PAGE_RESULT_BYTES];
         pool.lock().cap = 2 * HUGE_PAGE_RESULT_BYTES;
-        drop(whole(huge, &pool));
-        assert_eq!(pool.free_bytes(), 50, "a huge-page result is mapped afresh");
+        drop(whole(HUGE_PAGE_RESULT_BYTES, &pool));
+        assert_eq!(pool.free_bytes(), 50, "a huge result is not held");
         assert_eq!(pool.lock().out, 0);
     }
 
     #[test]
     fn a_part_reports_the_alignment_it_starts_at_and_clones_by_copying() {
         let pool = pool(0);
-        let parts = split(vec![7; 64], &[0..3, 3..64], &pool);
-        // glibc aligns a vector of 64 bytes to at least 16.
+        let parts = split(shared(&[7; 64]), &[0..3, 3..64], &pool);
+        // glibc aligns the heap buffer's 64 bytes to at least 16.
         assert_eq!(parts[0].align(), BYTES_ALIGN);
         assert_eq!(parts[1].align(), 1, "3 bytes past a 16-aligned start");
         let copy = parts[1].clone();

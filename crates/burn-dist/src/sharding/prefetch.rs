@@ -5,7 +5,7 @@ use std::ops::Range;
 use std::sync::MutexGuard;
 use std::time::Instant;
 
-use burn_dist_comm::{CommError, HostBuffer, Pending};
+use burn_dist_comm::{CommError, DType, HostBuffer, Pending, SharedBuffer};
 
 use super::ParamShards;
 use super::schedule::{BACKWARD_END, Phase, PrefetchConfig, Scheduler, Serve, Unit};
@@ -22,8 +22,9 @@ pub(crate) struct UnitGather {
 
 /// A unit's gather while it runs.
 enum InFlight {
-    /// The host path: one all-gather of the pieces' bytes.
-    Host(Pending<HostBuffer>),
+    /// The host path: one all-gather of the pieces' bytes, in place in a shared buffer (which
+    /// the peers read where it lies when they share this host's memory).
+    Host(Pending<SharedBuffer>),
     /// The device path: fresh device buffers being filled (or the error that issuing met).
     #[cfg(feature = "device")]
     Device(Result<Box<dyn crate::device::DeviceGathering>, CommError>),
@@ -177,7 +178,6 @@ impl ParamShards {
         }
         let world = self.layout().world;
         let mut counts = vec![0; world];
-        let mut piece = Vec::new();
         for info in &self.params[params.clone()] {
             let elem = info.dtype.size();
             counts
@@ -185,15 +185,22 @@ impl ParamShards {
                 .zip(&info.counts)
                 .for_each(|(c, n)| *c += n * elem);
         }
-        for i in params {
-            piece.extend_from_slice(&self.piece_bytes(i));
-        }
         let lane = self.comm.gather_lane();
-        let piece = HostBuffer::U8(piece);
-        InFlight::Host(match self.pool.take(counts.iter().sum()) {
-            Some(kept) => lane.all_gather_counts_into(piece, counts, tag, HostBuffer::U8(kept)),
-            None => lane.all_gather_counts(piece, counts, tag),
-        })
+        let total = counts.iter().sum();
+        let mut buffer = self
+            .pool
+            .take(total)
+            .unwrap_or_else(|| lane.shared_buffer(DType::U8, total));
+        // This rank's pieces go straight to their place in the result.
+        let mut at: usize = counts[..self.rank()].iter().sum();
+        for i in params {
+            let bytes = buffer.as_bytes_mut();
+            at += self.with_piece(i, |piece| {
+                bytes[at..at + piece.len()].copy_from_slice(piece);
+                piece.len()
+            });
+        }
+        InFlight::Host(lane.all_gather_shared(buffer, counts, tag))
     }
 
     /// Parameter `index` alone, on demand.
@@ -242,10 +249,7 @@ impl ParamShards {
                 return Ok(tensors.into_iter().map(Part::Device).collect());
             }
         };
-        let bytes = match pending.wait()? {
-            HostBuffer::U8(bytes) => bytes,
-            _ => unreachable!("a u8 all-gather returns u8"),
-        };
+        let bytes = pending.wait()?;
         // Each parameter is its range of the result, not a copy of it.
         let mut start = 0;
         let ranges: Vec<Range<usize>> = params

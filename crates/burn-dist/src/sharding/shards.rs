@@ -79,6 +79,10 @@ pub struct ShardStats {
     /// Uses served by the tensor that the use just before made of the same parameter, with no
     /// gather (a tied LM head's last use in forward and first in backward), since the start.
     pub served_again: u64,
+    /// Host gathers that read the peers' pieces straight out of their shared buffers (every
+    /// rank on this host, linked through shared memory), since the start; the others went
+    /// through the links.
+    pub gathered_in_place: u64,
 }
 
 impl ShardStats {
@@ -348,6 +352,7 @@ impl ParamShards {
         stats.off_schedule = self.scheduler().off_plan;
         stats.reused_buffers = self.pool.reused();
         stats.pooled_bytes = self.pool.free_bytes();
+        stats.gathered_in_place = self.comm.gather_lane().direct_collectives();
         stats
     }
 
@@ -676,15 +681,25 @@ impl ParamShards {
 
     /// This rank's piece of parameter `index`, in its dtype (for a gather or a checkpoint).
     pub fn piece_bytes(&self, index: usize) -> Vec<u8> {
+        self.with_piece(index, <[u8]>::to_vec)
+    }
+
+    /// Shows this rank's piece of parameter `index`, in its dtype, to `visit` (a gather copies
+    /// it straight into its buffer); empty where this rank holds none of it.
+    pub(crate) fn with_piece<R>(&self, index: usize, visit: impl FnOnce(&[u8]) -> R) -> R {
         match &*self.held() {
-            Held::F32(shard) => self.in_shard[index].clone().map_or_else(Vec::new, |range| {
-                bytemuck::cast_slice(&shard[range]).to_vec()
-            }),
-            Held::Pieces(pieces) => pieces[index].clone(),
+            Held::F32(shard) => match self.in_shard[index].clone() {
+                Some(range) => visit(bytemuck::cast_slice(&shard[range])),
+                None => visit(&[]),
+            },
+            Held::Pieces(pieces) => visit(&pieces[index]),
             #[cfg(feature = "device")]
-            Held::Device(pieces) => self.in_shard[index]
-                .clone()
-                .map_or_else(Vec::new, |range| pieces.read(range)),
+            Held::Device(pieces) => {
+                let bytes = self.in_shard[index]
+                    .clone()
+                    .map_or_else(Vec::new, |range| pieces.read(range));
+                visit(&bytes)
+            }
         }
     }
 
