@@ -29,11 +29,12 @@ fn main() -> ExitCode {
 ///   much free, and with 1 GiB the 124M shape's rank kept 290 MiB more at stage 2 (2110 against
 ///   1821 MiB) for no measurable speed (docs/perf/zero3.md).
 /// - The mmap threshold is 32 MiB (glibc's largest automatic one), except at ZeRO stage 3,
-///   where it is 4 MiB: there every weight is gathered for one op and freed after it, and with
-///   those blocks in the heap among the activations the heap fragmented until the GPT-2 774M
-///   shape was killed for memory at step 2. Mapped blocks cost page faults each time (the 124M
-///   shape's step at stage 3 took 7.7 s with 32 MiB, 9.9 s with 4 MiB), so the choice is
-///   memory first where memory is why stage 3 was chosen.
+///   where it is 16 MiB. There the gathered weights live in the communicator's shared buffers,
+///   off the heap, but at 32 MiB the GPT-2 774M shape's weight gradients (20 and 26 MB) and the
+///   logits still fragmented the heap until a rank was killed for memory at step 2 (6.5 GB of
+///   heap). At 16 MiB those gradients are mapped and the 774M shape trains (5.6 GB per rank),
+///   while the 124M shape's (at most 9.4 MB) stay in the heap: its step takes stage 2's time,
+///   where 4 MiB, the earlier choice, cost it about a quarter more (docs/perf/zero3.md).
 ///
 /// A user who sets glibc's malloc tunables (`GLIBC_TUNABLES=glibc.malloc.…`) chooses for
 /// themselves: `mallopt` would override them.
@@ -43,7 +44,7 @@ fn keep_freed_memory(zero_stage: u8) {
     }
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
-        let mmap_threshold = if zero_stage == 3 { 4 << 20 } else { 32 << 20 };
+        let mmap_threshold = if zero_stage == 3 { 16 << 20 } else { 32 << 20 };
         // SAFETY: mallopt only sets allocator parameters; it runs in main before any other
         // thread exists (parsing the arguments starts none).
         unsafe {
