@@ -47,19 +47,12 @@ pub(crate) fn reduce_scatter(
     counts: &[usize],
     scratch: &mut Scratch,
 ) -> Result<Path> {
-    let dtype = buf.dtype();
-    match Direct::locate(t, op, buf, counts)? {
-        Some(direct) => {
-            direct.fold_own(buf, reduce)?;
-            barrier_small(t, op)?;
-            Ok(Path::Direct)
-        }
-        None => {
-            let data = buf.as_bytes_mut();
-            reduce_scatter_in_place(t, op, data, dtype, reduce, counts, scratch)?;
-            Ok(Path::Links)
-        }
-    }
+    let direct = scatter(t, op, buf, reduce, counts, scratch)?;
+    Ok(if direct.is_some() {
+        Path::Direct
+    } else {
+        Path::Links
+    })
 }
 
 /// Fills every rank's chunk of `buf` with its owner's; this rank's chunk must hold its own.
@@ -69,21 +62,12 @@ pub(crate) fn all_gather(
     buf: &mut SharedBuffer,
     counts: &[usize],
 ) -> Result<Path> {
-    let elem = buf.dtype().size();
-    match Direct::locate(t, op, buf, counts)? {
-        Some(direct) => {
-            direct.copy_peers(buf)?;
-            barrier_small(t, op)?;
-            Ok(Path::Direct)
-        }
-        None => {
-            all_gather_counts_in_place(t, op, buf.as_bytes_mut(), counts, elem)?;
-            Ok(Path::Links)
-        }
-    }
+    let located = Direct::locate(t, op, buf, counts)?;
+    gather(t, op, buf, counts, located)
 }
 
-/// Reduces all of `buf` over all ranks, in place.
+/// Reduces all of `buf` over all ranks, in place: the reduce-scatter, then the all-gather of
+/// the reduced chunks on the same path.
 pub(crate) fn all_reduce(
     t: &mut dyn Transport,
     op: &OpDesc,
@@ -92,19 +76,53 @@ pub(crate) fn all_reduce(
     counts: &[usize],
     scratch: &mut Scratch,
 ) -> Result<Path> {
-    let (dtype, elem) = (buf.dtype(), buf.dtype().size());
-    match Direct::locate(t, op, buf, counts)? {
+    let located = scatter(t, op, buf, reduce, counts, scratch)?;
+    gather(t, op, buf, counts, located)
+}
+
+/// The reduce-scatter: in place when every buffer is shared (then returns their locations,
+/// after a barrier), else through the links.
+fn scatter<'op>(
+    t: &mut dyn Transport,
+    op: &'op OpDesc,
+    buf: &mut SharedBuffer,
+    reduce: ReduceOp,
+    counts: &[usize],
+    scratch: &mut Scratch,
+) -> Result<Option<Direct<'op>>> {
+    let dtype = buf.dtype();
+    let located = Direct::locate(t, op, buf, counts)?;
+    match &located {
         Some(direct) => {
             direct.fold_own(buf, reduce)?;
             barrier_small(t, op)?;
+        }
+        None => {
+            let data = buf.as_bytes_mut();
+            reduce_scatter_in_place(t, op, data, dtype, reduce, counts, scratch)?;
+        }
+    }
+    Ok(located)
+}
+
+/// The all-gather, once the buffers are located: in place (then a barrier) or through the
+/// links.
+fn gather(
+    t: &mut dyn Transport,
+    op: &OpDesc,
+    buf: &mut SharedBuffer,
+    counts: &[usize],
+    located: Option<Direct>,
+) -> Result<Path> {
+    match located {
+        Some(direct) => {
             direct.copy_peers(buf)?;
             barrier_small(t, op)?;
             Ok(Path::Direct)
         }
         None => {
-            let data = buf.as_bytes_mut();
-            reduce_scatter_in_place(t, op, data, dtype, reduce, counts, scratch)?;
-            all_gather_counts_in_place(t, op, data, counts, elem)?;
+            let elem = buf.dtype().size();
+            all_gather_counts_in_place(t, op, buf.as_bytes_mut(), counts, elem)?;
             Ok(Path::Links)
         }
     }

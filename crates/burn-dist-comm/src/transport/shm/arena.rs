@@ -17,7 +17,6 @@ use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
@@ -48,12 +47,7 @@ impl Arena {
             let why = "an arena needs at least one page".to_string();
             return Err(io::Error::new(io::ErrorKind::InvalidInput, why));
         }
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(path)?;
+        let file = super::create_private(path)?;
         let sized_and_mapped = || {
             file.set_len(capacity as u64)?;
             MmapOptions::new().map_raw(&file)

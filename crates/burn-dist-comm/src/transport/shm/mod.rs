@@ -105,6 +105,18 @@ impl Drop for Created {
     }
 }
 
+/// Creates the file at `path` for this process alone: it must not exist (`O_EXCL`), and only
+/// this user may open it.
+pub(crate) fn create_private(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+}
+
 /// What two ranks must share to map the same file: the running kernel (its boot id) and the
 /// `/dev/shm` mount (its device and inode). `None` where there is no `/dev/shm`.
 fn host_identity() -> Option<String> {

@@ -11,7 +11,6 @@
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::sync::atomic::Ordering::SeqCst;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64};
@@ -94,12 +93,7 @@ impl Ring {
             let why = format!("a ring's capacity must be a multiple of {ALIGN}, not {capacity}");
             return Err(io::Error::new(io::ErrorKind::InvalidInput, why));
         }
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(path)?;
+        let file = super::create_private(path)?;
         let reserve_and_map = || {
             let len = (CONTROL_BYTES + capacity) as libc::off_t;
             // SAFETY: a plain system call on a file descriptor this function owns.
