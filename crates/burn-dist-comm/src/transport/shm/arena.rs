@@ -18,6 +18,7 @@ use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::fd::AsRawFd;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use memmap2::{MmapOptions, MmapRaw};
@@ -36,6 +37,9 @@ pub(crate) struct Arena {
     map: MmapRaw,
     /// Free ranges, offset → length, coalesced. Their memory is not reserved.
     free: Mutex<BTreeMap<usize, usize>>,
+    /// Whether a refused allocation has been reported (once: a job whose `/dev/shm` is too
+    /// small would otherwise say so at every gather).
+    refusal_told: AtomicBool,
 }
 
 impl Arena {
@@ -57,6 +61,7 @@ impl Arena {
             file,
             map,
             free: Mutex::new(BTreeMap::from([(0, capacity)])),
+            refusal_told: AtomicBool::new(false),
         })
     }
 
@@ -83,14 +88,9 @@ impl Arena {
     /// memory (a full `/dev/shm`, a memory limit).
     pub(crate) fn alloc(self: &Arc<Self>, bytes: usize) -> Option<Region> {
         let size = bytes.max(1).next_multiple_of(PAGE);
-        let offset = {
-            let mut free = self.free.lock().expect("arena free list");
-            let (&offset, &len) = free.iter().find(|&(_, &len)| len >= size)?;
-            free.remove(&offset);
-            if len > size {
-                free.insert(offset + size, len - size);
-            }
-            offset
+        let Some(offset) = self.take_range(size) else {
+            self.refused(size, "the arena's address space is in use");
+            return None;
         };
         // SAFETY: a plain system call on the arena's own file descriptor.
         let reserved = unsafe {
@@ -102,11 +102,10 @@ impl Arena {
             )
         };
         if reserved != 0 {
-            tracing::debug!(
-                "no shared memory for a {size}-byte buffer ({}), using the heap",
-                io::Error::last_os_error()
-            );
-            self.give_back(offset, size);
+            let why = io::Error::last_os_error();
+            // Whatever part the failed call reserved goes back too.
+            self.release(offset, size);
+            self.refused(size, &why.to_string());
             return None;
         }
         Some(Region {
@@ -114,6 +113,28 @@ impl Arena {
             offset,
             size,
         })
+    }
+
+    /// The first free range of `size` bytes, taken off the free list.
+    fn take_range(&self, size: usize) -> Option<usize> {
+        let mut free = self.free.lock().expect("arena free list");
+        let (&offset, &len) = free.iter().find(|&(_, &len)| len >= size)?;
+        free.remove(&offset);
+        if len > size {
+            free.insert(offset + size, len - size);
+        }
+        Some(offset)
+    }
+
+    /// Says, once per arena, that a buffer did not fit and why.
+    fn refused(&self, size: usize, why: &str) {
+        if !self.refusal_told.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                "no room in /dev/shm for a {size}-byte shared buffer ({why}): it and any other \
+                 that does not fit go on the heap, and their collectives through the rings \
+                 (slower, same results); a container needs a larger --shm-size"
+            );
+        }
     }
 
     /// Returns `size` bytes at `offset` to the system and to the free list.
@@ -274,6 +295,24 @@ mod tests {
         drop((b, c));
         // Everything coalesced back into one range: the whole arena fits again.
         assert!(arena.alloc(16 * PAGE).is_some());
+    }
+
+    /// The memory behind the address space is what runs out first on a real mount: a buffer
+    /// larger than `/dev/shm` is refused by the system at once (tmpfs checks a request against
+    /// its size before reserving anything), and smaller ones still fit.
+    #[test]
+    fn a_buffer_larger_than_dev_shm_is_refused_and_leaves_the_arena_usable() {
+        let mount = Path::new("/dev/shm");
+        let size = Arena::capacity_for(mount);
+        let dir = tempfile::tempdir_in(mount).unwrap();
+        let arena = Arc::new(Arena::create(&dir.path().join("arena"), 2 * size).unwrap());
+        assert!(arena.alloc(size + PAGE).is_none());
+        let small = arena.alloc(PAGE).expect("a page still fits");
+        assert_eq!(
+            small.offset(),
+            0,
+            "the refused range went back to the free list"
+        );
     }
 
     #[test]
