@@ -544,7 +544,19 @@ impl Worker {
                 direct::reduce_scatter(t, &op, &mut buf, reduce, counts, &mut self.scratch)
             }
             InPlace::AllGather(_) => direct::all_gather(t, &op, &mut buf, counts),
-        }?;
+        };
+        let path = path.inspect_err(|_| {
+            // A peer may still be reading this buffer where it lies (its last barrier is what
+            // failed): freeing it would hand its pages to the next buffer, or punch a hole a
+            // peer's read faults in. The group has failed; the memory stays until the process
+            // ends.
+            if buf.is_in_shared_memory() {
+                std::mem::forget(std::mem::replace(
+                    &mut buf,
+                    SharedBuffer::on_heap(DType::U8, 0),
+                ));
+            }
+        })?;
         if path == Path::Direct {
             self.direct.fetch_add(1, Ordering::Relaxed);
         }

@@ -192,14 +192,25 @@ impl ParamShards {
             .take(total)
             .unwrap_or_else(|| lane.shared_buffer(DType::U8, total));
         // This rank's pieces go straight to their place in the result.
-        let mut at: usize = counts[..self.rank()].iter().sum();
-        for i in params {
+        let rank = self.rank();
+        let own_start: usize = counts[..rank].iter().sum();
+        let own_end = own_start + counts[rank];
+        let mut at = own_start;
+        for i in params.clone() {
             let bytes = buffer.as_bytes_mut();
             at += self.with_piece(i, |piece| {
-                bytes[at..at + piece.len()].copy_from_slice(piece);
+                let fits = piece.len().min(own_end.saturating_sub(at));
+                bytes[at..at + fits].copy_from_slice(&piece[..fits]);
                 piece.len()
             });
         }
+        // The pieces come from the layout the counts were summed from; a difference would
+        // leave an earlier gather's bytes in the result, or spill into a peer's chunk.
+        assert_eq!(
+            at - own_start,
+            counts[rank],
+            "rank {rank}'s pieces of parameters {params:?} do not fill its chunk of their gather"
+        );
         InFlight::Host(lane.all_gather_shared(buffer, counts, tag))
     }
 

@@ -10,8 +10,9 @@
 //! another's buffers. The file is sparse: its size is the address space, not memory. Memory is
 //! reserved for each buffer when it is allocated (`fallocate`), so a full `/dev/shm` is a
 //! failed allocation (the caller falls back to the heap) rather than a SIGBUS, and it is
-//! returned to the system when the buffer is freed (a punched hole, which peers then read as
-//! zeros, never as another buffer's bytes).
+//! returned to the system when the buffer is freed (a punched hole; the range may then hold a
+//! later buffer). No peer reads a freed buffer: an in-place collective's last barrier comes
+//! before its buffer goes back, and one that fails never gives its buffer back.
 
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};

@@ -288,6 +288,15 @@ pub(crate) fn link_same_host_peers(
     Ok(links)
 }
 
+/// A file under `/dev/shm` removed when this drops.
+struct Unlinked(PathBuf);
+
+impl Drop for Unlinked {
+    fn drop(&mut self) {
+        _ = std::fs::remove_file(&self.0);
+    }
+}
+
 /// Gives this rank an arena that every peer maps, and maps every peer's, when all of `linked`
 /// (every peer but this rank) reach this rank through shared memory: then collectives on
 /// buffers in the arenas read the peers' buffers where they lie. `None` otherwise, or when any
@@ -302,6 +311,8 @@ pub(crate) fn share_arenas(
     let keys = Keys::new(rank, store)?;
     let peers = || (0..world).filter(|&q| q != rank && linked[q]);
     let every_peer_linked = world > 1 && peers().count() == world - 1;
+    // The file goes when this returns, however it returns: the peers have mapped it by then,
+    // or will not.
     let created = every_peer_linked
         .then(|| {
             let path = shm_path(&format!("arena-{rank}"));
@@ -315,10 +326,10 @@ pub(crate) fn share_arenas(
                     )
                 })
                 .ok()
-                .map(|arena| (path, arena))
+                .map(|arena| (Unlinked(path), arena))
         })
         .flatten();
-    let published = created.as_ref().map_or(Path::new(""), |(p, _)| p);
+    let published = created.as_ref().map_or(Path::new(""), |(p, _)| &p.0);
     store.set(&keys.arena(rank), published.as_os_str().as_encoded_bytes())?;
 
     let mut mapped: Vec<Option<PeerArena>> = (0..world).map(|_| None).collect();
@@ -348,10 +359,9 @@ pub(crate) fn share_arenas(
             );
         }
     }
-    let Some((path, own)) = created else {
+    let Some((_unlinked, own)) = created else {
         return Ok(None);
     };
-    _ = std::fs::remove_file(&path);
     let complete = peers().all(|q| mapped[q].is_some());
     Ok(complete.then(|| {
         Arc::new(Arenas {
