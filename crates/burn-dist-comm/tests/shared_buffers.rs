@@ -236,12 +236,15 @@ fn in_place_collectives_refuse_bad_counts_and_mismatched_peers_by_name() {
     assert_each_names_its_peer(&errors);
 }
 
-/// Each of 2 ranks' errors says what its peer sent.
+/// Each of 2 ranks' errors is the shape mismatch, naming its peer: as what the peer sent, or,
+/// when the peer found the mismatch first, as the peer that aborted the group with it.
 fn assert_each_names_its_peer(errors: &[String]) {
     for (rank, error) in errors.iter().enumerate() {
         let peer = 1 - rank;
+        let names_peer = error.contains(&format!("rank {peer} sent"))
+            || error.contains(&format!("rank {peer} aborted the group: rank {rank} sent"));
         assert!(
-            error.contains(&format!("rank {peer} sent")),
+            names_peer && error.contains("chunks digest"),
             "rank {rank}: {error}"
         );
     }
