@@ -127,18 +127,17 @@ thread_local! {
     static SHARED: std::cell::RefCell<Option<SharedBuffer>> = const { std::cell::RefCell::new(None) };
 }
 
-/// This thread's kept shared buffer of `len` f32, or a new one from `comm` when it has none
-/// or one of another group's arena (an earlier bench's).
-fn kept_shared(comm: &HostCommunicator, len: usize) -> SharedBuffer {
-    let buffer = SHARED
-        .take()
-        .filter(|kept| comm.holds(kept))
-        .unwrap_or_else(|| comm.shared_buffer(DType::F32, len));
+/// This thread's kept shared buffer of `len` f32, or a new one from `comm` (then `true`) when
+/// it has none or one of another group's arena (an earlier bench's).
+fn kept_shared(comm: &HostCommunicator, len: usize) -> (SharedBuffer, bool) {
+    let kept = SHARED.take().filter(|kept| comm.holds(kept));
+    let fresh = kept.is_none();
+    let buffer = kept.unwrap_or_else(|| comm.shared_buffer(DType::F32, len));
     assert!(
         buffer.is_in_shared_memory(),
         "the bench measures buffers in shared memory: {buffer:?}"
     );
-    buffer
+    (buffer, fresh)
 }
 
 /// [`all_reduce`] in place on a shared buffer each rank keeps, its input copied in untimed
@@ -163,8 +162,7 @@ fn all_reduce_kept(c: &mut Criterion, name: &str, refill: bool) {
         Link::SharedMemory,
         BYTES,
         move |comm, _| {
-            let fresh = SHARED.with_borrow(|kept| kept.as_ref().is_none_or(|k| !comm.holds(k)));
-            let mut buffer = kept_shared(comm, BYTES / 4);
+            let (mut buffer, fresh) = kept_shared(comm, BYTES / 4);
             if refill || fresh {
                 assert!(buffer.copy_from(&input));
             }
@@ -187,7 +185,7 @@ fn all_gather_shared_buffers(c: &mut Criterion) {
         "all_gather_shared_buffers_f32_2_ranks",
         Link::SharedMemory,
         BYTES / 2,
-        move |comm, rank| (kept_shared(comm, len), shards[rank].clone()),
+        move |comm, rank| (kept_shared(comm, len).0, shards[rank].clone()),
         move |comm, (mut buf, shard)| {
             let own = comm.rank() * shard.as_bytes().len();
             buf.as_bytes_mut()[own..own + shard.as_bytes().len()].copy_from_slice(shard.as_bytes());

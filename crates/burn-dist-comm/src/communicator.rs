@@ -204,7 +204,7 @@ impl HostCommunicator {
                     lane,
                     scratch: Scratch::default(),
                     labels: None,
-                    direct: counted.clone(),
+                    direct: counted,
                 }
                 .run(queue)
             })
@@ -281,12 +281,9 @@ impl HostCommunicator {
     /// [`shared_buffer`](Self::shared_buffer), not another group's), so that this group's
     /// collectives can read it in place.
     pub fn holds(&self, buf: &SharedBuffer) -> bool {
-        #[cfg(target_os = "linux")]
-        if let (Some(arenas), Some(region)) = (&self.arenas, buf.region()) {
-            return region.is_in(&arenas.own);
-        }
-        _ = buf;
-        false
+        self.arenas
+            .as_ref()
+            .is_some_and(|arenas| arenas.offset_of(buf).is_some())
     }
 
     /// Reduces `buf` over all ranks in place: every rank gets the whole result, bitwise what
@@ -545,18 +542,19 @@ impl Worker {
             }
             InPlace::AllGather(_) => direct::all_gather(t, &op, &mut buf, counts),
         };
-        let path = path.inspect_err(|_| {
-            // A peer may still be reading this buffer where it lies (its last barrier is what
-            // failed): freeing it would hand its pages to the next buffer, or punch a hole a
-            // peer's read faults in. The group has failed; the memory stays until the process
-            // ends.
-            if buf.is_in_shared_memory() {
-                std::mem::forget(std::mem::replace(
-                    &mut buf,
-                    SharedBuffer::on_heap(DType::U8, 0),
-                ));
+        let path = match path {
+            Ok(path) => path,
+            Err(error) => {
+                // A peer may still be reading this buffer where it lies (its last barrier is
+                // what failed): freeing it would hand its pages to the next buffer, or punch a
+                // hole a peer's read faults in. The group has failed; the memory stays until
+                // the process ends.
+                if buf.is_in_shared_memory() {
+                    std::mem::forget(buf);
+                }
+                return Err(error);
             }
-        })?;
+        };
         if path == Path::Direct {
             self.direct.fetch_add(1, Ordering::Relaxed);
         }

@@ -153,7 +153,10 @@ impl<'op> Direct<'op> {
         let (rank, world) = (t.rank(), t.world());
         let arenas = t.arenas();
         let mine = Location {
-            offset: own_offset(arenas.as_deref(), buf),
+            offset: arenas
+                .as_deref()
+                .and_then(|arenas| arenas.offset_of(buf))
+                .map_or(NOT_SHARED, |offset| offset as u64),
             bytes: buf.as_bytes().len() as u64,
             counts: digest(counts),
         };
@@ -299,18 +302,4 @@ fn digest(counts: &[usize]) -> u64 {
         .fold(0xcbf2_9ce4_8422_2325, |h, b| {
             (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
         })
-}
-
-/// Where `buf` lies in this rank's arena, or [`NOT_SHARED`].
-#[cfg(target_os = "linux")]
-fn own_offset(arenas: Option<&Arenas>, buf: &SharedBuffer) -> u64 {
-    match (arenas, buf.region()) {
-        (Some(arenas), Some(region)) if region.is_in(&arenas.own) => region.offset() as u64,
-        _ => NOT_SHARED,
-    }
-}
-
-#[cfg(not(target_os = "linux"))]
-fn own_offset(_: Option<&Arenas>, _: &SharedBuffer) -> u64 {
-    NOT_SHARED
 }

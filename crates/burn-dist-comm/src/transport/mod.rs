@@ -28,6 +28,13 @@ pub(crate) struct Arenas {
 pub(crate) struct NoArena;
 
 #[cfg(not(target_os = "linux"))]
+impl Arenas {
+    pub(crate) fn offset_of(&self, _buf: &crate::SharedBuffer) -> Option<usize> {
+        match self._none {}
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
 impl NoArena {
     pub(crate) fn bytes(&self, _offset: usize, _len: usize) -> Option<&[u8]> {
         None

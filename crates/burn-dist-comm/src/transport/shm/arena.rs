@@ -260,6 +260,16 @@ pub(crate) struct Arenas {
     pub peers: Vec<Option<PeerArena>>,
 }
 
+impl Arenas {
+    /// Where `buf` starts in this rank's arena; `None` when it lies elsewhere (the heap, or
+    /// another group's arena), where no peer can read it.
+    pub(crate) fn offset_of(&self, buf: &crate::SharedBuffer) -> Option<usize> {
+        buf.region()
+            .filter(|region| region.is_in(&self.own))
+            .map(Region::offset)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
