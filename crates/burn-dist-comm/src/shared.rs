@@ -9,8 +9,8 @@ use crate::{DType, HostBuffer};
 /// siblings), made by [`HostCommunicator::shared_buffer`](crate::HostCommunicator::shared_buffer).
 ///
 /// Where every peer shares this host's memory, it lives in this rank's arena under `/dev/shm`
-/// and the peers read it directly: an all-reduce then copies each byte about half as often as
-/// through the rings. Elsewhere (peers on other hosts, in-process groups, shared memory turned
+/// and the peers read it directly (and, in an all-reduce, write their reduced chunks into it):
+/// an all-reduce then moves each byte through memory about half as often as through the rings. Elsewhere (peers on other hosts, in-process groups, shared memory turned
 /// off or full) it lives on the heap and the same collectives run through the links, with
 /// bitwise the same results. Its bytes are 4096-byte aligned in an arena and 8-byte aligned
 /// on the heap.

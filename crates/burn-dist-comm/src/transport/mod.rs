@@ -39,6 +39,10 @@ impl NoArena {
     pub(crate) fn bytes(&self, _offset: usize, _len: usize) -> Option<&[u8]> {
         None
     }
+
+    pub(crate) fn write(&self, _offset: usize, _data: &[u8]) -> Option<()> {
+        None
+    }
 }
 
 use crate::wire::Header;

@@ -3,11 +3,12 @@
 //! Through the rings every byte of a collective is copied into a ring and out again, on the
 //! cores the ranks share; at 2 ranks that reaches about a third of what the copies themselves
 //! would allow (docs/perf/host-all-reduce.md, "the ceiling"). A buffer that lives in an arena
-//! instead, a file under `/dev/shm` that every peer maps read-only, is read by the peers where
-//! it lies: a peer folds or copies straight out of it, with no ring in between.
+//! instead, a file under `/dev/shm` that every peer maps, is read by the peers where it lies: a
+//! peer folds or copies straight out of it, with no ring in between, and in an all-reduce
+//! writes its reduced chunk straight into it.
 //!
-//! A rank writes only into its own arena; peers map it read-only, so no peer can corrupt
-//! another's buffers. The file is sparse: its size is the address space, not memory. Memory is
+//! Peers map it read-write for that last write only; which bytes of a buffer each rank may
+//! touch in a collective, and when, is `crate::direct`'s rule. The file is sparse: its size is the address space, not memory. Memory is
 //! reserved for each buffer when it is allocated (`fallocate`), so a full `/dev/shm` is a
 //! failed allocation (the caller falls back to the heap) rather than a SIGBUS, and it is
 //! returned to the system when the buffer is freed (a punched hole; the range may then hold a
@@ -196,7 +197,8 @@ impl Region {
             self.size
         );
         // SAFETY: the region lies inside the mapping, which lives as long as `self.arena`;
-        // this rank is the only writer, and `&self` excludes its writes through `bytes_mut`.
+        // `&self` excludes this rank's writes through `bytes_mut`, and peers write only during
+        // an all-reduce, which holds the buffer itself (no `&self` exists meanwhile).
         unsafe { std::slice::from_raw_parts(self.arena.map.as_ptr().add(self.offset), len) }
     }
 
@@ -208,7 +210,8 @@ impl Region {
             self.size
         );
         // SAFETY: as in `bytes`; `&mut self` makes this the only reference in this process.
-        // Peers only read, and only during a collective that holds the buffer.
+        // Peers touch the bytes only during a collective that holds the buffer, and never the
+        // bytes this rank writes meanwhile (`crate::direct`'s rule).
         unsafe { std::slice::from_raw_parts_mut(self.arena.map.as_mut_ptr().add(self.offset), len) }
     }
 }
@@ -225,7 +228,8 @@ impl std::fmt::Debug for Region {
     }
 }
 
-/// A peer's arena, mapped read-only.
+/// A peer's arena, mapped read-write: this rank reads the peer's buffers in every in-place
+/// collective, and writes its reduced chunk into them in an all-reduce.
 pub(crate) struct PeerArena {
     map: MmapRaw,
 }
@@ -233,23 +237,45 @@ pub(crate) struct PeerArena {
 impl PeerArena {
     /// Maps the arena another rank created at `path`.
     pub(crate) fn open(path: &Path) -> io::Result<PeerArena> {
-        let file = OpenOptions::new().read(true).open(path)?;
-        let map = MmapOptions::new().map_raw_read_only(&file)?;
+        let file = OpenOptions::new().read(true).write(true).open(path)?;
+        let map = MmapOptions::new().map_raw(&file)?;
         Ok(PeerArena { map })
     }
 
     /// `len` bytes at `offset`, or `None` if that range is not in the arena (a peer's offset
     /// that cannot be right must not make this rank read outside its mapping).
     ///
-    /// The bytes are the peer's: the collective protocol guarantees that the peer does not
-    /// write them while they are read.
+    /// The bytes are the peer's: the collective protocol guarantees that nobody writes them
+    /// while they are read.
     pub(crate) fn bytes(&self, offset: usize, len: usize) -> Option<&[u8]> {
-        let end = offset.checked_add(len)?;
-        (end <= self.map.len()).then(|| {
-            // SAFETY: the range lies inside the read-only mapping, which lives as long as
-            // `self`.
+        self.holds(offset, len).then(|| {
+            // SAFETY: the range lies inside the mapping, which lives as long as `self`.
             unsafe { std::slice::from_raw_parts(self.map.as_ptr().add(offset), len) }
         })
+    }
+
+    /// Copies `data` into the peer's arena at `offset`; `None` (and nothing written) if that
+    /// range is not in the arena.
+    ///
+    /// The protocol guarantees that nobody else reads or writes those bytes meanwhile, and the
+    /// peer reads them only after a barrier that follows this write.
+    pub(crate) fn write(&self, offset: usize, data: &[u8]) -> Option<()> {
+        self.holds(offset, data.len()).then(|| {
+            // SAFETY: the range lies inside the writable mapping, which lives as long as
+            // `self`; `data` is never a slice of this mapping (the caller's own buffer or
+            // another peer's), so the two do not overlap.
+            unsafe {
+                let at = self.map.as_mut_ptr().add(offset);
+                std::ptr::copy_nonoverlapping(data.as_ptr(), at, data.len());
+            }
+        })
+    }
+
+    /// Whether `len` bytes at `offset` lie in the mapping.
+    fn holds(&self, offset: usize, len: usize) -> bool {
+        offset
+            .checked_add(len)
+            .is_some_and(|end| end <= self.map.len())
     }
 }
 
