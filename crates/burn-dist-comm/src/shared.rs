@@ -69,6 +69,28 @@ impl SharedBuffer {
         self.len == 0
     }
 
+    /// The most elements its memory holds (at least [`SharedBuffer::len`]; an arena's buffer
+    /// is whole pages).
+    pub fn capacity(&self) -> usize {
+        let bytes = match &self.storage {
+            Storage::Heap(words) => words.len() * 8,
+            #[cfg(target_os = "linux")]
+            Storage::Arena(region) => region.size(),
+        };
+        bytes / self.dtype.size()
+    }
+
+    /// Makes it `len` elements long, in the same memory, if its capacity allows (else `false`
+    /// and nothing changes): a kept buffer serves a collective shorter than its last. Elements
+    /// past the old length hold whatever the memory held.
+    pub fn set_len(&mut self, len: usize) -> bool {
+        let fits = len <= self.capacity();
+        if fits {
+            self.len = len;
+        }
+        fits
+    }
+
     /// Whether the buffer lives in shared memory that the peers read directly.
     pub fn is_in_shared_memory(&self) -> bool {
         self.region().is_some()
@@ -161,5 +183,12 @@ mod tests {
         assert!(!buffer.copy_from(&crate::testing::rank_data(DType::BF16, 4, 7, 0)));
         assert!(!buffer.copy_from(&crate::testing::rank_data(DType::F16, 3, 7, 0)));
         assert_eq!(buffer.to_host(), host);
+        // Three bf16 take one 8-byte word: room for a fourth, not a fifth.
+        assert_eq!(buffer.capacity(), 4);
+        assert!(!buffer.set_len(5));
+        assert!(buffer.set_len(2));
+        assert_eq!(buffer.as_bytes(), &host.as_bytes()[..4]);
+        assert!(buffer.set_len(4));
+        assert_eq!(&buffer.as_bytes()[..6], host.as_bytes());
     }
 }

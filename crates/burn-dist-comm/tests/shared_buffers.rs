@@ -123,6 +123,7 @@ fn shared_buffers_over_shared_memory_are_read_in_place_and_reduce_bitwise_like_t
         let (_store, comms) = linked_group(world, &CommConfig::default(), Link::SharedMemory);
         let shared = comms[0].shared_buffer(DType::F32, 10);
         assert!(shared.is_in_shared_memory(), "{shared:?}");
+        assert_eq!(shared.capacity(), 1024, "a whole page of f32");
         assert!(comms[0].holds(&shared) && !comms[1].holds(&shared));
         assert!(!comms[0].shared_buffer(DType::F32, 0).is_in_shared_memory());
         drop(shared);

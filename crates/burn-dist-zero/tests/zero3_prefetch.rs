@@ -384,6 +384,33 @@ fn a_layer_is_one_gather_and_what_is_held_ahead_stays_within_the_window() {
     }
 }
 
+/// With the default unit size the MLP's forward is one gather, and backward's two weights
+/// (last layer first) one more, which also carries the bias between them that backward does
+/// not use; once the unit is done with, that bias is no longer held either.
+#[test]
+fn backward_gathers_its_weights_in_reverse_as_one_unit() {
+    let comms = HostCommunicator::local_group(2, &CommConfig::default());
+    let ranks = run_ranks(comms, |_, comm| {
+        let mlp = Mlp::<Stage3>::new(&MLP_SIZES, 7, &FlexDevice);
+        let (mut ddp, mut model, mut zero) = start(comm, PrefetchConfig::new(), mlp);
+        for step in 0..3 {
+            model = mlp_step(&mut ddp, &mut zero, model, step, |model, x| {
+                model.forward(x)
+            });
+        }
+        let (_, units) = ddp.param_shards().unwrap().schedule(Phase::Train).unwrap();
+        (units, ddp.shard_stats().unwrap())
+    });
+    for (rank, (units, stats)) in ranks.into_iter().enumerate() {
+        assert_eq!(units, [0..6, 2..5], "rank {rank}: the gathers' parameters");
+        assert_eq!(stats.off_schedule, 0, "rank {rank}");
+        assert_eq!(
+            stats.live_bytes, 0,
+            "rank {rank}: nothing held between steps"
+        );
+    }
+}
+
 /// Each rank checks its own recorded order against rank 0's. The step's digests agree first,
 /// so only a digest collision (injected here: a use recorded on rank 1 alone) gets this far;
 /// the rank whose order differs is named with the first entry where it does, and both sides.

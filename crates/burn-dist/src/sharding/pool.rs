@@ -2,7 +2,9 @@
 //! copy.
 //!
 //! Every step gathers the same units of parameters, so a unit's buffer, once its parameters'
-//! tensors are dropped, goes back to a pool and the next gather of that size writes into it.
+//! tensors are dropped, goes back to a pool and a later gather writes into it: the smallest
+//! free buffer that holds it, if that is at most twice its size ([`SLACK`]; forward's units
+//! and backward's differ in size, so an exact size would rarely match).
 //! Without it each gather mapped fresh memory (page faults on every step), and freed gathers
 //! between longer-lived activations fragmented glibc's heap (docs/perf/zero3.md, "The allocator
 //! decides the step time"). The buffers are the communicator's shared buffers
@@ -21,7 +23,7 @@
 //! ([`PartOfUnit`]) points at its own disjoint range. `TensorData::from_bytes_vec`, by contrast,
 //! copies any `Vec<u8>` whole (a byte vector is aligned to 1, and `Bytes` wants 16).
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::mem::MaybeUninit;
 use std::ops::Range;
 use std::ptr::NonNull;
@@ -33,7 +35,10 @@ use burn_std::bytes::{AllocationController, AllocationProperty, Bytes};
 /// The alignment `Bytes` asks of an allocation (cubecl-common's `MAX_ALIGN`, `u128`'s).
 const BYTES_ALIGN: usize = std::mem::align_of::<u128>();
 
-/// Buffers of finished gathers, by length, for the next gathers of the same length.
+/// A free buffer serves a gather of at least 1/`SLACK` of its capacity.
+const SLACK: usize = 2;
+
+/// Buffers of finished gathers, by capacity, for the next gathers that fit them.
 #[derive(Debug, Default)]
 pub(crate) struct GatherPool {
     free: Mutex<Free>,
@@ -41,8 +46,8 @@ pub(crate) struct GatherPool {
 
 #[derive(Debug, Default)]
 struct Free {
-    by_len: HashMap<usize, Vec<SharedBuffer>>,
-    /// Bytes of the buffers in `by_len`.
+    by_capacity: BTreeMap<usize, Vec<SharedBuffer>>,
+    /// Bytes of the buffers in `by_capacity`.
     bytes: usize,
     /// Bytes of the gathered units alive (their tensors not all dropped yet) of a size the
     /// pool keeps.
@@ -56,13 +61,24 @@ struct Free {
 }
 
 impl GatherPool {
-    /// A buffer of `len` bytes kept from an earlier gather, if one is free (its contents are
-    /// the old gather's: the next gather overwrites them all).
+    /// A buffer of `len` bytes kept from an earlier gather, if one is free that holds them
+    /// within [`SLACK`] (its contents are the old gather's: the next gather overwrites its
+    /// `len` bytes).
     pub(crate) fn take(&self, len: usize) -> Option<SharedBuffer> {
         let mut free = self.lock();
-        let buffer = free.by_len.get_mut(&len)?.pop()?;
-        free.bytes -= len;
+        let most = len.checked_mul(SLACK)?;
+        let (&capacity, _) = free.by_capacity.range(len.max(1)..=most).next()?;
+        let kept = free.by_capacity.get_mut(&capacity).expect("just found");
+        let mut buffer = kept.pop().expect("no empty lists are kept");
+        if kept.is_empty() {
+            free.by_capacity.remove(&capacity);
+        }
+        free.bytes -= capacity;
         free.reused += 1;
+        assert!(
+            buffer.set_len(len),
+            "a buffer of {capacity} bytes holds {len}"
+        );
         Some(buffer)
     }
 
@@ -85,7 +101,7 @@ impl GatherPool {
         self.lock().bytes
     }
 
-    /// A unit of `len` bytes is alive.
+    /// A unit whose buffer holds `len` bytes is alive.
     fn lend(&self, len: usize) {
         if Self::keeps(len) {
             let mut free = self.lock();
@@ -105,7 +121,7 @@ impl GatherPool {
     /// or freed.
     fn give_back(&self, buffer: SharedBuffer) {
         let mut free = self.lock();
-        let len = buffer.len();
+        let len = buffer.capacity();
         if !Self::keeps(len) {
             return;
         }
@@ -114,7 +130,7 @@ impl GatherPool {
             return;
         }
         free.bytes += len;
-        free.by_len.entry(len).or_default().push(buffer);
+        free.by_capacity.entry(len).or_default().push(buffer);
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Free> {
@@ -156,7 +172,7 @@ pub(crate) fn split(
     pool: &Arc<GatherPool>,
 ) -> Vec<Bytes> {
     let len = buffer.as_bytes().len();
-    pool.lend(len);
+    pool.lend(buffer.capacity());
     let start = NonNull::new(buffer.as_bytes_mut().as_mut_ptr()).expect("a slice is not null");
     let unit = Arc::new(Unit {
         buffer: Some(buffer),
@@ -272,16 +288,31 @@ mod tests {
 
     #[test]
     fn units_alive_and_free_buffers_stay_within_the_cap() {
+        // Sizes in whole 8-byte words: a heap buffer's capacity is its length.
         let pool = pool(100);
-        drop(whole(60, &pool));
-        drop(whole(60, &pool));
-        assert_eq!(pool.free_bytes(), 60, "a second 60 bytes would pass 100");
-        assert!(pool.take(61).is_none(), "kept by length");
-        let alive = whole_of(pool.take(60).unwrap(), &pool);
-        drop(whole(50, &pool));
-        assert_eq!(pool.free_bytes(), 0, "60 alive and 50 more would pass 100");
+        drop(whole(56, &pool));
+        drop(whole(56, &pool));
+        assert_eq!(pool.free_bytes(), 56, "a second 56 bytes would pass 100");
+        assert!(pool.take(57).is_none(), "too small for 57 bytes");
+        assert!(pool.take(24).is_none(), "more than twice 24 bytes");
+        let alive = whole_of(pool.take(40).expect("56 bytes hold 40"), &pool);
+        assert_eq!(alive[0].len(), 40, "the gather's length, not the buffer's");
+        drop(whole(48, &pool));
+        assert_eq!(pool.free_bytes(), 0, "56 alive and 48 more would pass 100");
         drop(alive);
-        assert_eq!(pool.free_bytes(), 60);
+        assert_eq!(pool.free_bytes(), 56, "its whole capacity is back");
+    }
+
+    #[test]
+    fn a_gather_takes_the_smallest_free_buffer_that_holds_it() {
+        let pool = pool(1000);
+        drop(whole(64, &pool));
+        drop(whole(32, &pool));
+        drop(whole(40, &pool));
+        assert_eq!(pool.take(30).unwrap().capacity(), 32);
+        assert_eq!(pool.take(33).unwrap().capacity(), 40);
+        assert_eq!(pool.take(32).unwrap().capacity(), 64);
+        assert_eq!((pool.free_bytes(), pool.reused()), (0, 3));
     }
 
     #[test]
@@ -293,24 +324,24 @@ mod tests {
             0,
             "nothing is kept before a step has ended"
         );
-        let first = whole(30, &pool);
-        let second = whole(20, &pool);
+        let first = whole(32, &pool);
+        let second = whole(24, &pool);
         drop((first, second));
         pool.end_step();
-        // The step held 50 bytes at once at most: the 40 alone, or 30 and 20 together.
-        drop(whole(30, &pool));
-        drop(whole(20, &pool));
-        assert_eq!(pool.free_bytes(), 50);
-        drop(whole(10, &pool));
+        // The step held 56 bytes at once at most: the 40 alone, or 32 and 24 together.
+        drop(whole(32, &pool));
+        drop(whole(24, &pool));
+        assert_eq!(pool.free_bytes(), 56);
+        drop(whole(16, &pool));
         assert_eq!(
             pool.free_bytes(),
-            50,
-            "60 bytes would pass what the step held"
+            56,
+            "72 bytes would pass what the step held"
         );
 
         pool.lock().cap = 2 * HUGE_PAGE_RESULT_BYTES;
         drop(whole(HUGE_PAGE_RESULT_BYTES, &pool));
-        assert_eq!(pool.free_bytes(), 50, "a huge result is not held");
+        assert_eq!(pool.free_bytes(), 56, "a huge result is not held");
         assert_eq!(pool.lock().out, 0);
     }
 

@@ -132,7 +132,10 @@ impl ParamShards {
             } => {
                 let mut gather = self.issue(&unit);
                 let part = self.take(&mut gather, offset)?;
-                if !last {
+                if last {
+                    // Parameters of the unit that no use took are no longer held.
+                    self.discard([gather]);
+                } else {
                     scheduler.keep_front(unit_index, gather);
                 }
                 Fetched::Part { part, again }
@@ -281,6 +284,7 @@ impl ParamShards {
     pub(super) fn discard(&self, gathers: impl IntoIterator<Item = UnitGather>) {
         for gather in gathers {
             self.release(gather.remaining);
+            self.state().stats.unused_bytes += gather.remaining as u64;
         }
     }
 

@@ -8,9 +8,10 @@
 //! - At the optimizer step every rank's sequence is compared (the step's digest), and rank 0's
 //!   recorded order is shared and checked against each rank's own ([`Scheduler::candidates`],
 //!   then `ParamShards::adopt_schedules`): from then on it is the phase's *plan*.
-//! - A round that follows a plan gathers its *units* (runs of the plan that use parameters next
-//!   to each other in the flat layout one after the other, a layer's weight and bias: one
-//!   gather of at most [`PrefetchConfig::unit_bytes`]) ahead of use, keeping at most
+//! - A round that follows a plan gathers its *units* (runs of the plan whose parameters lie
+//!   together in the flat layout: a layer's weight and bias in forward, its weights in reverse
+//!   in backward, with the few bytes between them that backward does not use; one gather of
+//!   at most [`PrefetchConfig::unit_bytes`]) ahead of use, keeping at most
 //!   [`PrefetchConfig::gathers`] units and [`PrefetchConfig::bytes`] in flight beyond the one being used.
 //! - A use of the parameter the use just before used, with no backward's end between them (a
 //!   tied LM head: the last use of forward, the first of backward), gathers nothing: it is
@@ -90,7 +91,13 @@ impl Phase {
 /// In a recorded sequence of uses: a backward pass ended here.
 pub(crate) const BACKWARD_END: usize = usize::MAX;
 
-/// Parameters gathered as one: plan positions `positions`, parameters `params` (consecutive).
+/// A unit gathers parameters it does not serve (between those it does) up to this fraction of
+/// [`PrefetchConfig::unit_bytes`], 1/16: a layer's biases between the weights backward uses.
+const UNUSED_SHARE: usize = 16;
+
+/// Parameters gathered as one: plan positions `positions`, which use parameters of `params`
+/// (consecutive in the flat layout; each used at most once, in any order, and some perhaps
+/// not at all).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Unit {
     pub positions: Range<usize>,
@@ -115,10 +122,14 @@ struct Plan {
 }
 
 impl Plan {
-    /// Groups the uses of `sequence` into units: a use joins the previous one's unit when it
-    /// is the next parameter, no backward ended between them, `joins(first, next)` allows it
-    /// (same dtype) and the unit stays within `max_bytes`. A use of the previous use's
-    /// parameter is in no unit (`again`), and ends its unit.
+    /// Groups the uses of `sequence` into units: a use joins the previous one's unit when no
+    /// backward ended between them, the unit does not serve its parameter yet, and the unit's
+    /// range of parameters grown to include it stays within `max_bytes`, of one dtype
+    /// (`joins(first, other)`), with at most [`UNUSED_SHARE`] of `max_bytes` in parameters
+    /// that the unit gathers but does not serve. Forward uses a layer's parameters in flat
+    /// order, all of them; backward in reverse, and skips those its ops do not need (a bias,
+    /// a layer norm's shift): both make units of several parameters, not one gather each. A
+    /// use of the previous use's parameter is in no unit (`again`), and ends its unit.
     fn new(
         sequence: Vec<usize>,
         bytes: impl Fn(usize) -> usize,
@@ -139,32 +150,48 @@ impl Plan {
             .collect();
         let mut units: Vec<Unit> = Vec::new();
         let mut unit_of = Vec::with_capacity(order.len());
-        let mut unit_bytes = 0;
+        // The last unit's served parameters and their bytes.
+        let mut served: Vec<usize> = Vec::new();
+        let mut served_bytes = 0;
+        let range_bytes = |range: Range<usize>| range.map(&bytes).sum::<usize>();
         for (p, &index) in order.iter().enumerate() {
             if again[p] {
                 // Served by the use before: its unit is the one "being used".
                 unit_of.push(units.len() - 1);
                 continue;
             }
-            let extend = units.last().is_some_and(|unit| {
-                unit.positions.end == p
-                    && unit.params.end == index
-                    && !fences.contains(&p)
-                    && joins(unit.params.start, index)
-                    && unit_bytes + bytes(index) <= max_bytes
+            let grown = units.last().and_then(|unit| {
+                if unit.positions.end != p || fences.contains(&p) || served.contains(&index) {
+                    return None;
+                }
+                let grown = unit.params.start.min(index)..unit.params.end.max(index + 1);
+                // The range holds every parameter served and `index`, none twice.
+                let gathered = range_bytes(grown.clone());
+                let unused = gathered - served_bytes - bytes(index);
+                let fits = gathered <= max_bytes
+                    && unused <= max_bytes / UNUSED_SHARE
+                    && (grown.clone())
+                        .filter(|other| !unit.params.contains(other))
+                        .all(|other| joins(unit.params.start, other));
+                fits.then_some(grown)
             });
-            if extend {
-                let unit = units.last_mut().expect("checked");
-                unit.positions.end = p + 1;
-                unit.params.end = index + 1;
-                unit_bytes += bytes(index);
-            } else {
-                units.push(Unit {
-                    positions: p..p + 1,
-                    params: index..index + 1,
-                });
-                unit_bytes = bytes(index);
+            match grown {
+                Some(grown) => {
+                    let unit = units.last_mut().expect("checked");
+                    unit.positions.end = p + 1;
+                    unit.params = grown;
+                }
+                None => {
+                    units.push(Unit {
+                        positions: p..p + 1,
+                        params: index..index + 1,
+                    });
+                    served.clear();
+                    served_bytes = 0;
+                }
             }
+            served.push(index);
+            served_bytes += bytes(index);
             unit_of.push(units.len() - 1);
         }
         Plan {
@@ -225,7 +252,8 @@ impl Track {
 /// this gather for it ([`Serve::Again`]).
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Serve {
-    /// By the gather at the front of [`Scheduler::front`], at `offset` within its unit.
+    /// By the gather at the front of [`Scheduler::front`]: its parameter `offset` of the unit's
+    /// range.
     Ahead {
         offset: usize,
         last: bool,
@@ -355,7 +383,7 @@ impl<T> Scheduler<T> {
         let again = plan.again.get(p + 1).copied().unwrap_or(false);
         let unit_index = plan.unit_of[p];
         let unit = &plan.units[unit_index];
-        let (offset, last) = (p - unit.positions.start, p + 1 == unit.positions.end);
+        let (offset, last) = (index - unit.params.start, p + 1 == unit.positions.end);
         // Units gathered ahead but skipped cannot exist (a plan is used in order), but a gather
         // that is not this unit's must never serve it.
         while self.ahead.front().is_some_and(|(u, _)| *u < unit_index) {
@@ -495,6 +523,12 @@ mod tests {
     /// What `serve` returns for a use served by the tensor of the use before.
     const AGAIN: usize = usize::MAX;
 
+    /// The default window, with units of one 4-byte parameter each: the tests that use it
+    /// follow gathers ahead, not how units form.
+    fn one_parameter_units() -> PrefetchConfig {
+        PrefetchConfig::new().with_unit_bytes(4)
+    }
+
     fn adopt(scheduler: &mut Scheduler<Gather>, phase: Phase, order: &[usize]) {
         scheduler.adopt(phase, order.to_vec(), |_| 4, |_, _| true);
     }
@@ -529,11 +563,23 @@ mod tests {
     }
 
     #[test]
-    fn adjacent_parameters_used_one_after_the_other_form_one_unit() {
-        // Forward: weight 0 and bias 1, weight 2 and bias 3; backward: weight 2, then 0.
+    fn parameters_together_in_the_flat_layout_form_one_unit_in_either_order() {
+        // Forward: weight 0 and bias 1, weight 2 and bias 3; backward: weight 2, then 0, one
+        // unit that also gathers bias 1 (4 bytes unused, within 100 / 16).
         let plan = Plan::new(vec![0, 1, 2, 3, 2, 0], |_| 4, |_, _| true, 100);
         let units: Vec<_> = plan.units.iter().map(|u| u.params.clone()).collect();
-        assert_eq!(units, [0..4, 2..3, 0..1]);
+        assert_eq!(units, [0..4, 0..3]);
+        // More unused bytes than that, or a parameter the unit already serves, start a unit.
+        let plan = Plan::new(vec![3, 0], |_| 4, |_, _| true, 100);
+        let units: Vec<_> = plan.units.iter().map(|u| u.params.clone()).collect();
+        assert_eq!(units, [3..4, 0..1]);
+        let plan = Plan::new(vec![1, 0, 1], |_| 4, |_, _| true, 100);
+        let units: Vec<_> = plan.units.iter().map(|u| u.params.clone()).collect();
+        assert_eq!(units, [0..2, 1..2]);
+        // A parameter between of another dtype, too.
+        let plan = Plan::new(vec![2, 0], |_| 4, |_, other| other != 1, 100);
+        let units: Vec<_> = plan.units.iter().map(|u| u.params.clone()).collect();
+        assert_eq!(units, [2..3, 0..1]);
         // Another dtype, or a unit over the byte limit, starts a new unit.
         let plan = Plan::new(vec![0, 1, 2, 3], |_| 4, |_, next| next != 2, 100);
         let units: Vec<_> = plan.units.iter().map(|u| u.params.clone()).collect();
@@ -545,10 +591,11 @@ mod tests {
 
     #[test]
     fn a_use_of_the_parameter_used_just_before_gathers_nothing() {
-        // Forward 0, 1, 2 (one unit); backward 2, 1, 0: backward's 2 is forward's again.
+        // Forward 0, 1, 2 (one unit); backward 2, 1, 0: backward's 2 is forward's again, and
+        // ends forward's unit; 1 and 0 are backward's.
         let plan = Plan::new(vec![0, 1, 2, 2, 1, 0], |_| 4, |_, _| true, 100);
         let units: Vec<_> = plan.units.iter().map(|u| u.params.clone()).collect();
-        assert_eq!(units, [0..3, 1..2, 0..1]);
+        assert_eq!(units, [0..3, 0..2]);
         assert_eq!(plan.again, [false, false, false, true, false, false]);
         // Not across the end of a backward, and a use after a repeat starts a unit.
         let plan = Plan::new(vec![2, BACKWARD_END, 2, 2, 3], |_| 4, |_, _| true, 100);
@@ -575,8 +622,25 @@ mod tests {
             scheduler.issued(unit, unit);
         }
         assert_eq!(serve(&mut scheduler, Phase::Train, 2), Some(AGAIN));
-        assert_eq!(serve(&mut scheduler, Phase::Train, 1), Some(1));
-        assert_eq!(serve(&mut scheduler, Phase::Train, 0), Some(2));
+        // Backward's unit serves 1 at its offset 1, then 0 at offset 0, its last.
+        assert_eq!(
+            scheduler.on_use(Phase::Train, 1).serve,
+            Serve::Ahead {
+                offset: 1,
+                last: false,
+                again: false
+            }
+        );
+        assert_eq!(*scheduler.front().unwrap(), 1);
+        assert_eq!(
+            scheduler.on_use(Phase::Train, 0).serve,
+            Serve::Ahead {
+                offset: 0,
+                last: true,
+                again: false
+            }
+        );
+        scheduler.pop_front();
         assert_eq!(
             scheduler.end_step().0,
             [None, None],
@@ -595,7 +659,7 @@ mod tests {
         let mut scheduler = Scheduler::new(PrefetchConfig {
             gathers: 2,
             bytes: 1000,
-            unit_bytes: 1000,
+            unit_bytes: 4,
         });
         // Round 1 records; nothing is gathered ahead.
         for index in [0, 2, 4, 6, 4, 2] {
@@ -652,7 +716,7 @@ mod tests {
 
     #[test]
     fn an_unexpected_use_drops_what_was_ahead_and_records_the_round_again() {
-        let mut scheduler = Scheduler::new(PrefetchConfig::new());
+        let mut scheduler = Scheduler::new(one_parameter_units());
         adopt(&mut scheduler, Phase::Train, &[0, 2, 4, 6]);
         serve(&mut scheduler, Phase::Train, 0);
         let decision = scheduler.on_use(Phase::Train, 4);
@@ -673,7 +737,7 @@ mod tests {
 
     #[test]
     fn evaluation_keeps_its_own_plan_and_training_resumes_where_it_paused() {
-        let mut scheduler = Scheduler::new(PrefetchConfig::new());
+        let mut scheduler = Scheduler::new(one_parameter_units());
         adopt(&mut scheduler, Phase::Train, &[0, 2, 4, 2, 0]);
         adopt(&mut scheduler, Phase::Eval, &[0, 2, 4]);
         assert_eq!(serve(&mut scheduler, Phase::Train, 0), Some(0));
@@ -703,7 +767,7 @@ mod tests {
 
     #[test]
     fn no_gather_ahead_crosses_the_end_of_a_backward() {
-        let mut scheduler = Scheduler::new(PrefetchConfig::new());
+        let mut scheduler = Scheduler::new(one_parameter_units());
         // Two micro-batches: forward 0, 2; backward 2; forward 0, 2; backward 2.
         let round = [0, 2, 2, BACKWARD_END, 0, 2, 2, BACKWARD_END];
         for &entry in &round {

@@ -83,6 +83,10 @@ pub struct ShardStats {
     /// rank on this host, linked through shared memory), since the start; the others went
     /// through the links.
     pub gathered_in_place: u64,
+    /// Bytes gathered that no use took, since the start: parameters a unit carries between
+    /// those its uses need (a bias between two weights backward needs), and gathers ahead that
+    /// a use off the schedule dropped. Gathers moved these on top of `gathered_bytes`.
+    pub unused_bytes: u64,
 }
 
 impl ShardStats {

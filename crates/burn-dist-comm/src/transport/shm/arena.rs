@@ -184,6 +184,11 @@ impl Region {
         self.offset
     }
 
+    /// Its length in bytes: whole pages.
+    pub(crate) fn size(&self) -> usize {
+        self.size
+    }
+
     /// Whether this region lies in `arena`.
     pub(crate) fn is_in(&self, arena: &Arc<Arena>) -> bool {
         Arc::ptr_eq(&self.arena, arena)
