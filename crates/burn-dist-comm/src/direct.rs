@@ -53,17 +53,14 @@ pub(crate) fn reduce_scatter(
     counts: &[usize],
     scratch: &mut Scratch,
 ) -> Result<Path> {
-    match Direct::locate(t, op, buf, counts)? {
-        Some(direct) => {
-            direct.fold_own(buf, reduce, Spread::No)?;
-            barrier_small(t, op)?;
-            Ok(Path::Direct)
-        }
-        None => {
-            scatter_through_links(t, op, buf, reduce, counts, scratch)?;
-            Ok(Path::Links)
-        }
-    }
+    in_place_or_links(
+        t,
+        op,
+        buf,
+        counts,
+        |direct, buf| direct.fold_own(buf, reduce, Spread::No),
+        |t, buf| scatter_through_links(t, op, buf, reduce, counts, scratch),
+    )
 }
 
 /// Fills every rank's chunk of `buf` with its owner's; this rank's chunk must hold its own.
@@ -73,17 +70,14 @@ pub(crate) fn all_gather(
     buf: &mut SharedBuffer,
     counts: &[usize],
 ) -> Result<Path> {
-    match Direct::locate(t, op, buf, counts)? {
-        Some(direct) => {
-            direct.copy_peers(buf)?;
-            barrier_small(t, op)?;
-            Ok(Path::Direct)
-        }
-        None => {
-            gather_through_links(t, op, buf, counts)?;
-            Ok(Path::Links)
-        }
-    }
+    in_place_or_links(
+        t,
+        op,
+        buf,
+        counts,
+        |direct, buf| direct.copy_peers(buf),
+        |t, buf| gather_through_links(t, op, buf, counts),
+    )
 }
 
 /// Reduces all of `buf` over all ranks, in place. Read in place, each rank folds its chunk and
@@ -98,15 +92,38 @@ pub(crate) fn all_reduce(
     counts: &[usize],
     scratch: &mut Scratch,
 ) -> Result<Path> {
+    in_place_or_links(
+        t,
+        op,
+        buf,
+        counts,
+        |direct, buf| direct.fold_own(buf, reduce, Spread::ToPeers),
+        |t, buf| {
+            scatter_through_links(t, op, buf, reduce, counts, scratch)?;
+            gather_through_links(t, op, buf, counts)
+        },
+    )
+}
+
+/// Every in-place collective's protocol: locate the buffers; if all are shared, `in_place`
+/// then a barrier (nobody reads a buffer before its peers' writes are done, or reuses one a
+/// peer still reads), else `links` on every rank.
+fn in_place_or_links(
+    t: &mut dyn Transport,
+    op: &OpDesc,
+    buf: &mut SharedBuffer,
+    counts: &[usize],
+    in_place: impl FnOnce(&Direct, &mut SharedBuffer) -> Result<()>,
+    links: impl FnOnce(&mut dyn Transport, &mut SharedBuffer) -> Result<()>,
+) -> Result<Path> {
     match Direct::locate(t, op, buf, counts)? {
         Some(direct) => {
-            direct.fold_own(buf, reduce, Spread::ToPeers)?;
+            in_place(&direct, buf)?;
             barrier_small(t, op)?;
             Ok(Path::Direct)
         }
         None => {
-            scatter_through_links(t, op, buf, reduce, counts, scratch)?;
-            gather_through_links(t, op, buf, counts)?;
+            links(t, buf)?;
             Ok(Path::Links)
         }
     }

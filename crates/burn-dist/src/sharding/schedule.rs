@@ -150,9 +150,8 @@ impl Plan {
             .collect();
         let mut units: Vec<Unit> = Vec::new();
         let mut unit_of = Vec::with_capacity(order.len());
-        // The last unit's served parameters and their bytes.
+        // The last unit's served parameters.
         let mut served: Vec<usize> = Vec::new();
-        let mut served_bytes = 0;
         let range_bytes = |range: Range<usize>| range.map(&bytes).sum::<usize>();
         for (p, &index) in order.iter().enumerate() {
             if again[p] {
@@ -167,7 +166,8 @@ impl Plan {
                 let grown = unit.params.start.min(index)..unit.params.end.max(index + 1);
                 // The range holds every parameter served and `index`, none twice.
                 let gathered = range_bytes(grown.clone());
-                let unused = gathered - served_bytes - bytes(index);
+                let used: usize = served.iter().map(|&i| bytes(i)).sum::<usize>() + bytes(index);
+                let unused = gathered - used;
                 let fits = gathered <= max_bytes
                     && unused <= max_bytes / UNUSED_SHARE
                     && (grown.clone())
@@ -187,11 +187,9 @@ impl Plan {
                         params: index..index + 1,
                     });
                     served.clear();
-                    served_bytes = 0;
                 }
             }
             served.push(index);
-            served_bytes += bytes(index);
             unit_of.push(units.len() - 1);
         }
         Plan {
