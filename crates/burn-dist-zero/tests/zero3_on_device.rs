@@ -9,7 +9,9 @@
 use burn::backend::Autodiff;
 use burn::module::AutodiffModule;
 use burn::tensor::backend::AutodiffBackend;
-use burn_dist::{Ddp, DistributedBackend, FlatLayout, ReducerStats, ShardStats, Sharded};
+use burn_dist::{
+    Ddp, DistributedBackend, FlatLayout, PrefetchConfig, ReducerStats, ShardStats, Sharded,
+};
 use burn_dist_comm::{CommConfig, HostCommunicator};
 use burn_dist_testing::{
     OptimizerKind, Stepper, Synthetic, assert_close, small_bucket_config, train_ranks,
@@ -57,11 +59,17 @@ struct Rank {
 
 /// `world` thread ranks training `task` at stage 3 on wgpu.
 fn train_on_device(world: usize, task: Synthetic) -> Vec<Rank> {
+    train_on_device_with(world, task, PrefetchConfig::new())
+}
+
+/// [`train_on_device`] with `prefetch`.
+fn train_on_device_with(world: usize, task: Synthetic, prefetch: PrefetchConfig) -> Vec<Rank> {
     burn_dist_kernels::testing::wgpu_client();
     let device = WgpuDevice::default();
     let comms = HostCommunicator::local_group(world, &CommConfig::default());
     burn_dist_comm::testing::run_ranks(comms, |_, comm| {
-        let mut ddp = Ddp::for_thread_staged::<Wgpu>(comm, small_bucket_config(1), &device);
+        let config = small_bucket_config(1).with_prefetch(prefetch);
+        let mut ddp = Ddp::for_thread_staged::<Wgpu>(comm, config, &device);
         let params = train_synthetic::<OnWgpu>(
             &mut ddp,
             task,
@@ -154,10 +162,15 @@ fn stage_three_on_wgpu_moves_exactly_what_the_staging_needs() {
     let numels: Vec<usize> = reference.iter().map(Vec::len).collect();
     let total: usize = numels.iter().sum();
     let gradient_bytes = 4 * total as u64;
-    for world in [1, 3] {
+    // The default keeps the largest weight from forward to backward (no gather there); with
+    // nothing kept, backward's unit of the weights around it carries a bias it does not use.
+    let kept = PrefetchConfig::new();
+    let none_kept = PrefetchConfig::new().with_reuse_bytes(Some(0));
+    for (world, prefetch) in [(1, kept), (3, kept), (1, none_kept), (3, none_kept)] {
         let flat = FlatLayout::new(&numels, world, burn_dist::SHARD_ALIGN);
         let shard_bytes = 4 * flat.shard_len as u64;
-        for (rank, r) in train_on_device(world, Synthetic::Mlp).iter().enumerate() {
+        let ranks = train_on_device_with(world, Synthetic::Mlp, prefetch);
+        for (rank, r) in ranks.iter().enumerate() {
             let shard = flat.shard(rank);
             let owned = 4 * total.min(shard.end).saturating_sub(shard.start) as u64;
             assert_eq!(
@@ -165,9 +178,14 @@ fn stage_three_on_wgpu_moves_exactly_what_the_staging_needs() {
                 numels.len() as u64,
                 "one read per parameter"
             );
-            // A gather moves its whole unit, what no use took included (backward's unit
-            // carries the bias between the weights it needs).
-            assert!(r.shards.unused_bytes > 0, "{world} ranks, rank {rank}");
+            // A gather moves its whole unit, what no use took included; a use served by a
+            // kept tensor moves nothing.
+            let (served_again, unused) = (r.shards.served_again, r.shards.unused_bytes);
+            assert!(
+                (served_again > 0) == (prefetch == kept) && (unused > 0) == (prefetch != kept),
+                "{world} ranks, rank {rank}: {served_again} served by kept tensors, {unused} \
+                 bytes unused"
+            );
             let gathered = r.shards.gathered_bytes + r.shards.unused_bytes + gradient_bytes;
             let expected = 2 * shard_bytes + STEPS as u64 * (gradient_bytes + owned + 8 + 48);
             assert_eq!(

@@ -117,6 +117,13 @@ fn params_of(ranks: &[(Vec<Vec<f32>>, ShardStats)]) -> Vec<&Vec<Vec<f32>>> {
     ranks.iter().map(|(params, _)| params).collect()
 }
 
+/// The default window, keeping no gathered tensor for a later use but the use right after:
+/// by default these small models keep up to their largest parameter's bytes from forward to
+/// backward, and the tests that use this follow gathers ahead.
+fn gathered_ahead() -> PrefetchConfig {
+    PrefetchConfig::new().with_reuse_bytes(Some(0))
+}
+
 #[test]
 fn gathering_ahead_changes_no_bit_of_stage_three() {
     let tasks = [
@@ -129,12 +136,23 @@ fn gathering_ahead_changes_no_bit_of_stage_three() {
         for (world, accumulation) in [(2, 1), (3, 1), (2, 2), (3, 2)] {
             let what = format!("{task:?}, {world} ranks × {accumulation} micro-batches");
             let on_demand = train::<Stage3>(task, world, accumulation, PrefetchConfig::OFF, 6);
-            let ahead = train::<Stage3>(task, world, accumulation, PrefetchConfig::new(), 6);
+            let gathered = train::<Stage3>(task, world, accumulation, gathered_ahead(), 6);
+            let kept = train::<Stage3>(task, world, accumulation, PrefetchConfig::new(), 6);
             assert!(
-                params_of(&ahead) == params_of(&on_demand),
+                params_of(&gathered) == params_of(&on_demand),
                 "{what}: prefetching changed the parameters"
             );
-            for (rank, (_, stats)) in ahead.iter().enumerate() {
+            assert!(
+                params_of(&kept) == params_of(&on_demand),
+                "{what}: keeping gathered tensors for later uses changed the parameters"
+            );
+            for (rank, (_, stats)) in kept.iter().enumerate() {
+                assert!(
+                    stats.served_again > 0 && stats.off_schedule == 0,
+                    "{what}, rank {rank}: nothing served by a kept tensor"
+                );
+            }
+            for (rank, (_, stats)) in gathered.iter().enumerate() {
                 assert_eq!(
                     stats.schedules, 1,
                     "{what}, rank {rank}: one schedule agreed"
@@ -195,9 +213,9 @@ fn gathers_run_on_their_own_lane_and_change_no_bit() {
 fn the_schedule_includes_the_gathers_of_recomputation() {
     let on_demand =
         train::<Stage3Checkpointed>(Synthetic::Transformer, 2, 1, PrefetchConfig::OFF, 5);
-    let ahead = train::<Stage3Checkpointed>(Synthetic::Transformer, 2, 1, PrefetchConfig::new(), 5);
+    let ahead = train::<Stage3Checkpointed>(Synthetic::Transformer, 2, 1, gathered_ahead(), 5);
     assert!(params_of(&ahead) == params_of(&on_demand));
-    let plain = train::<Stage3>(Synthetic::Transformer, 2, 1, PrefetchConfig::new(), 5);
+    let plain = train::<Stage3>(Synthetic::Transformer, 2, 1, gathered_ahead(), 5);
     for ((_, checkpointed), (_, plain)) in ahead.iter().zip(&plain) {
         assert_eq!(checkpointed.off_schedule, 0);
         assert!(checkpointed.prefetched > 0);
@@ -243,7 +261,7 @@ fn a_use_off_the_schedule_gathers_on_demand_and_the_step_records_the_schedule_ag
     let order = |step: usize| if step == 3 { [1, 0] } else { [0, 1] };
     let world = 2;
     let on_demand = train_branches(world, PrefetchConfig::OFF, order, 7);
-    let ahead = train_branches(world, PrefetchConfig::new(), order, 7);
+    let ahead = train_branches(world, gathered_ahead(), order, 7);
     let final_params = |ranks: &[(Vec<Vec<f32>>, Vec<ShardStats>)]| {
         ranks.iter().map(|(p, _)| p.clone()).collect::<Vec<_>>()
     };
@@ -341,7 +359,7 @@ fn a_layer_is_one_gather_and_what_is_held_ahead_stays_within_the_window() {
         .map(|w| 4 * (w[0] * w[1] + w[1]))
         .collect();
     let largest = *layer_bytes.iter().max().unwrap();
-    let window = PrefetchConfig::new().with_unit_bytes(largest);
+    let window = gathered_ahead().with_unit_bytes(largest);
     let comms = HostCommunicator::local_group(2, &CommConfig::default());
     let ranks = run_ranks(comms, |_, comm| {
         let mlp = Mlp::<Stage3>::new(&MLP_SIZES, 7, &FlexDevice);
@@ -392,7 +410,7 @@ fn backward_gathers_its_weights_in_reverse_as_one_unit() {
     let comms = HostCommunicator::local_group(2, &CommConfig::default());
     let ranks = run_ranks(comms, |_, comm| {
         let mlp = Mlp::<Stage3>::new(&MLP_SIZES, 7, &FlexDevice);
-        let (mut ddp, mut model, mut zero) = start(comm, PrefetchConfig::new(), mlp);
+        let (mut ddp, mut model, mut zero) = start(comm, gathered_ahead(), mlp);
         for step in 0..3 {
             model = mlp_step(&mut ddp, &mut zero, model, step, |model, x| {
                 model.forward(x)
@@ -494,6 +512,15 @@ fn the_query_key_and_value_projections_are_one_gather() {
     );
 }
 
+/// A `[rows, cols]` weight of fixed values, the same on every rank.
+fn fixed_weight(rows: usize, cols: usize) -> burn::module::Param<Tensor<Stage3, 2>> {
+    let values: Vec<f32> = (0..rows * cols)
+        .map(|i| 0.3 * (i as f32 * 0.37).sin())
+        .collect();
+    let data = burn::tensor::TensorData::new(values, [rows, cols]);
+    burn::module::Param::from_tensor(Tensor::from_data(data, &FlexDevice))
+}
+
 /// A hidden layer, then `h · head`: the head's weight is forward's last use and backward's
 /// first, as a tied LM head's is.
 #[derive(burn::module::Module, Debug)]
@@ -513,16 +540,9 @@ fn a_weight_used_last_in_forward_and_first_in_backward_is_gathered_once_a_step()
     let train = |prefetch: PrefetchConfig| {
         let comms = HostCommunicator::local_group(2, &CommConfig::default());
         run_ranks(comms, move |_, comm| {
-            let values: Vec<f32> = (0..HIDDEN * output)
-                .map(|i| 0.3 * (i as f32 * 0.37).sin())
-                .collect();
-            let head = Tensor::<Stage3, 2>::from_data(
-                burn::tensor::TensorData::new(values, [HIDDEN, output]),
-                &FlexDevice,
-            );
             let model = Head {
                 hidden: Mlp::new(&[input, HIDDEN], 7, &FlexDevice),
-                head: burn::module::Param::from_tensor(head),
+                head: fixed_weight(HIDDEN, output),
             };
             let (mut ddp, mut model, mut zero) = start(comm, prefetch, model);
             for step in 0..STEPS {
@@ -557,6 +577,78 @@ fn a_weight_used_last_in_forward_and_first_in_backward_is_gathered_once_a_step()
         );
         assert_eq!(
             ahead.live_bytes, 0,
+            "rank {rank}: nothing kept past the step"
+        );
+    }
+}
+
+/// `x · tied`, a hidden layer, and the mean of `tied` added to the output: the tied weight is
+/// forward's first use and its last, as a tied token embedding is (the LM head at the end).
+#[derive(burn::module::Module, Debug)]
+struct Tied<B: burn::tensor::backend::Backend> {
+    tied: burn::module::Param<Tensor<B, 2>>,
+    hidden: Mlp<B>,
+}
+
+/// From step 2 on, forward's last use of a weight it used first is served by the tensor its
+/// first use kept, within `PrefetchConfig::reuse_bytes` (by default the largest parameter's
+/// bytes): gathered once a step, not twice, and no bit changes. With one byte less the hidden weight (smaller), which backward uses, is
+/// kept instead, from forward to backward: the budget decides, in the order of first uses.
+#[test]
+fn a_weight_used_first_and_last_in_forward_is_kept_between_within_the_reuse_bytes() {
+    const STEPS: usize = 4;
+    let [input, .., output] = MLP_SIZES;
+    let tied_bytes = 4 * input * input;
+    let hidden_bytes = 4 * input * output;
+    let train = |prefetch: PrefetchConfig| {
+        let comms = HostCommunicator::local_group(2, &CommConfig::default());
+        run_ranks(comms, move |_, comm| {
+            let model = Tied {
+                tied: fixed_weight(input, input),
+                hidden: Mlp::new(&[input, output], 7, &FlexDevice),
+            };
+            let (mut ddp, mut model, mut zero) = start(comm, prefetch, model);
+            for step in 0..STEPS {
+                model = mlp_step(&mut ddp, &mut zero, model, step, |model, x| {
+                    let hidden = model.hidden.forward(x.matmul(model.tied.val()));
+                    hidden + model.tied.val().mean().unsqueeze::<2>()
+                });
+            }
+            let stats = ddp.shard_stats().unwrap();
+            (parameters(&model), stats)
+        })
+    };
+    let on_demand = train(PrefetchConfig::OFF);
+    // The default: the largest parameter's bytes, the tied weight's.
+    let kept = train(PrefetchConfig::new());
+    let too_small = train(PrefetchConfig::new().with_reuse_bytes(Some(tied_bytes - 1)));
+    assert!(
+        params_of(&kept) == params_of(&on_demand) && params_of(&too_small) == params_of(&on_demand),
+        "keeping the tied weight changed the parameters"
+    );
+    for (rank, (((_, kept), (_, too_small)), (_, on_demand))) in
+        kept.iter().zip(&too_small).zip(&on_demand).enumerate()
+    {
+        assert_eq!(
+            kept.served_again,
+            STEPS as u64 - 1,
+            "rank {rank}: once a step from step 2"
+        );
+        assert_eq!(
+            kept.gathered_bytes + (STEPS as u64 - 1) * tied_bytes as u64,
+            on_demand.gathered_bytes,
+            "rank {rank}: the tied weight's second gather is spared"
+        );
+        assert_eq!(
+            (too_small.served_again, too_small.gathered_bytes),
+            (
+                STEPS as u64 - 1,
+                on_demand.gathered_bytes - (STEPS as u64 - 1) * hidden_bytes as u64
+            ),
+            "rank {rank}: over reuse_bytes, the tied weight is gathered twice, the hidden kept"
+        );
+        assert_eq!(
+            kept.live_bytes, 0,
             "rank {rank}: nothing kept past the step"
         );
     }

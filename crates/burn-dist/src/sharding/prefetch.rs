@@ -32,11 +32,12 @@ enum InFlight {
 
 /// How [`ParamShards::fetch`] served a use.
 pub(crate) enum Fetched {
-    /// The parameter, gathered; `again`: the next use is of the same parameter, and is to be
-    /// served the tensor made of this part.
-    Part { part: Part, again: bool },
-    /// The use just before was of this parameter: the tensor it made serves this one too.
-    Again,
+    /// The parameter, gathered; `keep`: a later use of the same parameter is to be served the
+    /// tensor made of this part.
+    Part { part: Part, keep: bool },
+    /// An earlier use of this parameter kept its tensor for this one; `keep`: keep it again
+    /// for a later use.
+    Kept { keep: bool },
 }
 
 /// One gathered parameter.
@@ -104,31 +105,30 @@ impl ParamShards {
         let mut scheduler = self.scheduler();
         let decision = scheduler.on_use(phase, index);
         self.discard(decision.dropped);
+        if decision.forget_kept {
+            self.drop_kept();
+        }
         let fetched = match decision.serve {
             Serve::Alone => Fetched::Part {
                 part: self.gather_alone(index)?,
-                again: false,
+                keep: false,
             },
-            Serve::Again => Fetched::Again,
-            Serve::Ahead {
-                offset,
-                last,
-                again,
-            } => {
+            Serve::Kept { keep } => Fetched::Kept { keep },
+            Serve::Ahead { offset, last, keep } => {
                 let gather = scheduler.front().expect("the unit gathered ahead");
                 let part = self.take(gather, offset)?;
                 if last {
                     let done = scheduler.pop_front();
                     self.discard(done);
                 }
-                Fetched::Part { part, again }
+                Fetched::Part { part, keep }
             }
             Serve::Demand {
                 unit,
                 unit_index,
                 offset,
                 last,
-                again,
+                keep,
             } => {
                 let mut gather = self.issue(&unit);
                 let part = self.take(&mut gather, offset)?;
@@ -138,7 +138,7 @@ impl ParamShards {
                 } else {
                     scheduler.keep_front(unit_index, gather);
                 }
-                Fetched::Part { part, again }
+                Fetched::Part { part, keep }
             }
         };
         let ahead = scheduler.plan_ahead(|gather| gather.remaining, |unit| self.unit_bytes(unit));

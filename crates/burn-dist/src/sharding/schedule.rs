@@ -13,10 +13,15 @@
 //!   in backward, with the few bytes between them that backward does not use; one gather of
 //!   at most [`PrefetchConfig::unit_bytes`]) ahead of use, keeping at most
 //!   [`PrefetchConfig::gathers`] units and [`PrefetchConfig::bytes`] in flight beyond the one being used.
-//! - A use of the parameter the use just before used, with no backward's end between them (a
-//!   tied LM head: the last use of forward, the first of backward), gathers nothing: it is
-//!   served by the tensor that use made, which the caller keeps until then. FSDP spares the
-//!   same gather by not resharding the root module after forward.
+//! - A use of a parameter used earlier in the round, with no backward's end between the two,
+//!   gathers nothing when the earlier use's tensor could be kept for it: always for the use
+//!   just before (a tied LM head: the last use of forward, the first of backward), else while
+//!   the tensors kept at once hold at most [`PrefetchConfig::reuse_bytes`], by default the
+//!   largest parameter's bytes, which its own gather holds at once anyway (the tied token
+//!   embedding: the first use of forward, kept for the head at its end, and nothing else
+//!   beside it). The caller keeps the tensor until then. FSDP spares the same gathers by not
+//!   resharding the root module after forward; DeepSpeed keeps a parameter reused within
+//!   `stage3_max_reuse_distance`.
 //! - Gathers ahead never cross the end of a backward pass: the first gather after it waits for
 //!   every rank to reach it. A rank that ran a whole forward ahead would otherwise sit in its
 //!   next backward, inside Burn's lock on its autodiff graph, while a peer thread of the same
@@ -59,6 +64,17 @@ pub struct PrefetchConfig {
     /// bucket's reduction moves.
     #[config(default = 26214400)]
     pub unit_bytes: usize,
+    /// The most bytes of gathered parameters kept at once from one use for a later use of the
+    /// same round (no backward's end between), instead of gathering them again; a use right
+    /// after the parameter's previous one is always served so. `None`: the bytes of the
+    /// largest parameter the plan uses, which its gather holds at once anyway, so that keeping
+    /// raises the most gathered bytes held at once by little: at GPT-2's shapes the tied token
+    /// embedding is kept from the start of forward to the LM head, and nothing else beside
+    /// it. More keeps parameters from forward to backward too (FSDP's
+    /// `reshard_after_forward=False`, DeepSpeed's `stage3_max_reuse_distance`), trading memory
+    /// for gathers.
+    #[config(default = "None")]
+    pub reuse_bytes: Option<usize>,
 }
 
 impl PrefetchConfig {
@@ -67,6 +83,7 @@ impl PrefetchConfig {
         gathers: 0,
         bytes: 0,
         unit_bytes: 0,
+        reuse_bytes: None,
     };
 }
 
@@ -111,9 +128,11 @@ struct Plan {
     sequence: Vec<usize>,
     /// The uses alone: position `p` is the `p`-th use.
     order: Vec<usize>,
-    /// Whether position `p` uses the parameter of position `p - 1` again, with no backward's
-    /// end between them: it is in no unit and gathers nothing.
-    again: Vec<bool>,
+    /// Whether position `p` is served by the tensor its parameter's previous use kept for it:
+    /// it is in no unit and gathers nothing.
+    kept: Vec<bool>,
+    /// Whether position `p`'s tensor is kept for its parameter's next use.
+    keep: Vec<bool>,
     /// Positions of the first use after each backward's end, ascending.
     fences: Vec<usize>,
     units: Vec<Unit>,
@@ -129,12 +148,14 @@ impl Plan {
     /// that the unit gathers but does not serve. Forward uses a layer's parameters in flat
     /// order, all of them; backward in reverse, and skips those its ops do not need (a bias,
     /// a layer norm's shift): both make units of several parameters, not one gather each. A
-    /// use of the previous use's parameter is in no unit (`again`), and ends its unit.
+    /// use served by a tensor kept from an earlier use ([`Plan::reuses`]) is in no unit, and
+    /// ends its unit.
     fn new(
         sequence: Vec<usize>,
         bytes: impl Fn(usize) -> usize,
         joins: impl Fn(usize, usize) -> bool,
         max_bytes: usize,
+        reuse_bytes: Option<usize>,
     ) -> Plan {
         let mut order = Vec::with_capacity(sequence.len());
         let mut fences = Vec::new();
@@ -145,17 +166,16 @@ impl Plan {
                 order.push(entry);
             }
         }
-        let again: Vec<bool> = (0..order.len())
-            .map(|p| p > 0 && order[p - 1] == order[p] && !fences.contains(&p))
-            .collect();
+        let largest = order.iter().map(|&i| bytes(i)).max().unwrap_or(0);
+        let (keep, kept) = Self::reuses(&order, &fences, &bytes, reuse_bytes.unwrap_or(largest));
         let mut units: Vec<Unit> = Vec::new();
         let mut unit_of = Vec::with_capacity(order.len());
         // The last unit's served parameters.
         let mut served: Vec<usize> = Vec::new();
         let range_bytes = |range: Range<usize>| range.map(&bytes).sum::<usize>();
         for (p, &index) in order.iter().enumerate() {
-            if again[p] {
-                // Served by the use before: its unit is the one "being used".
+            if kept[p] {
+                // Served by a kept tensor: the unit before is still the one "being used".
                 unit_of.push(units.len() - 1);
                 continue;
             }
@@ -195,11 +215,44 @@ impl Plan {
         Plan {
             sequence,
             order,
-            again,
+            kept,
+            keep,
             fences,
             units,
             unit_of,
         }
+    }
+
+    /// Which uses keep their tensor for the parameter's next use, and which are served so
+    /// (`(keep, kept)`): a next use with no backward's end before it (no fence in `p + 1..=q`),
+    /// taken in plan order while the tensors kept at once hold at most `reuse_bytes`; the use
+    /// right after is taken whatever its size (its tensor is kept across no other op).
+    fn reuses(
+        order: &[usize],
+        fences: &[usize],
+        bytes: impl Fn(usize) -> usize,
+        reuse_bytes: usize,
+    ) -> (Vec<bool>, Vec<bool>) {
+        let mut next_use = vec![None; order.len()];
+        let mut later: std::collections::HashMap<usize, usize> = Default::default();
+        for (p, &index) in order.iter().enumerate().rev() {
+            next_use[p] = later.insert(index, p);
+        }
+        let (mut keep, mut kept) = (vec![false; order.len()], vec![false; order.len()]);
+        let mut held = 0;
+        for (p, &index) in order.iter().enumerate() {
+            if kept[p] {
+                held -= bytes(index);
+            }
+            let Some(q) = next_use[p] else { continue };
+            let crosses_backward = fences.iter().any(|&f| p < f && f <= q);
+            if !crosses_backward && (q == p + 1 || held + bytes(index) <= reuse_bytes) {
+                keep[p] = true;
+                kept[q] = true;
+                held += bytes(index);
+            }
+        }
+        (keep, kept)
     }
 
     /// The first position, from `cursor` on, that waits for a backward to end: no unit from
@@ -246,8 +299,8 @@ impl Track {
 
 /// How the use just announced is served.
 ///
-/// `again`: the next use is of this parameter again; the caller keeps the tensor it makes of
-/// this gather for it ([`Serve::Again`]).
+/// `keep`: a later use of this parameter is served by the tensor the caller makes of this
+/// gather, which it keeps until then ([`Serve::Kept`]).
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Serve {
     /// By the gather at the front of [`Scheduler::front`]: its parameter `offset` of the unit's
@@ -255,7 +308,7 @@ pub(crate) enum Serve {
     Ahead {
         offset: usize,
         last: bool,
-        again: bool,
+        keep: bool,
     },
     /// By gathering `unit` now; keep it at the front when not `last`.
     Demand {
@@ -263,19 +316,22 @@ pub(crate) enum Serve {
         unit_index: usize,
         offset: usize,
         last: bool,
-        again: bool,
+        keep: bool,
     },
-    /// By the tensor the use just before made of the same parameter: no gather.
-    Again,
+    /// By the tensor an earlier use of the same parameter kept for it: no gather; `keep`: kept
+    /// again, for the next use.
+    Kept { keep: bool },
     /// By gathering the parameter alone (no plan, or off the plan).
     Alone,
 }
 
-/// What [`Scheduler::on_use`] decided: how to serve, and gathers issued ahead that are no
-/// longer wanted (to be waited for and dropped by the caller).
+/// What [`Scheduler::on_use`] decided: how to serve, gathers issued ahead that are no
+/// longer wanted (to be waited for and dropped by the caller), and whether the tensors kept
+/// for later uses are no longer wanted (`forget_kept`: the plan broke, or the phase changed).
 pub(crate) struct Decision<T> {
     pub serve: Serve,
     pub dropped: Vec<T>,
+    pub forget_kept: bool,
 }
 
 /// The schedules of one rank's sharded parameters and its gathers in flight.
@@ -336,49 +392,49 @@ impl<T> Scheduler<T> {
 
     /// Parameter `index` is used by an op of `phase`: records it and decides how it is served.
     pub fn on_use(&mut self, phase: Phase, index: usize) -> Decision<T> {
+        let alone = |dropped, forget_kept| Decision {
+            serve: Serve::Alone,
+            dropped,
+            forget_kept,
+        };
         if self.window.gathers == 0 {
-            return Decision {
-                serve: Serve::Alone,
-                dropped: Vec::new(),
-            };
+            return alone(Vec::new(), false);
         }
         let mut dropped = Vec::new();
+        let mut forget_kept = false;
         if self.current != Some(phase) {
             // What was gathered ahead belongs to the other phase's round. An evaluation ends at
-            // the return to training; a training round only pauses for an evaluation.
+            // the return to training; a training round only pauses for an evaluation (its
+            // kept tensors are dropped too, and gathered again if the plan wants them).
             dropped = self.drop_ahead();
             if self.current == Some(Phase::Eval) {
                 self.tracks[Phase::Eval.slot()].end_round();
             }
             self.current = Some(phase);
             dropped.extend(self.restart_ahead());
+            forget_kept = true;
         }
         let track = &mut self.tracks[phase.slot()];
         track.recorded.push(index);
         let Some(plan) = track.plan.as_ref().filter(|_| !track.broken) else {
-            return Decision {
-                serve: Serve::Alone,
-                dropped,
-            };
+            return alone(dropped, forget_kept);
         };
         let p = track.cursor;
         if plan.order.get(p) != Some(&index) {
             track.broken = true;
             self.off_plan += 1;
             dropped.extend(self.drop_ahead());
-            return Decision {
-                serve: Serve::Alone,
-                dropped,
-            };
+            return alone(dropped, true);
         }
         track.cursor += 1;
-        if plan.again[p] {
+        let keep = plan.keep[p];
+        if plan.kept[p] {
             return Decision {
-                serve: Serve::Again,
+                serve: Serve::Kept { keep },
                 dropped,
+                forget_kept,
             };
         }
-        let again = plan.again.get(p + 1).copied().unwrap_or(false);
         let unit_index = plan.unit_of[p];
         let unit = &plan.units[unit_index];
         let (offset, last) = (index - unit.params.start, p + 1 == unit.positions.end);
@@ -389,20 +445,20 @@ impl<T> Scheduler<T> {
         }
         track.next_issue = track.next_issue.max(unit_index + 1);
         let serve = match self.ahead.front() {
-            Some((u, _)) if *u == unit_index => Serve::Ahead {
-                offset,
-                last,
-                again,
-            },
+            Some((u, _)) if *u == unit_index => Serve::Ahead { offset, last, keep },
             _ => Serve::Demand {
                 unit: unit.clone(),
                 unit_index,
                 offset,
                 last,
-                again,
+                keep,
             },
         };
-        Decision { serve, dropped }
+        Decision {
+            serve,
+            dropped,
+            forget_kept,
+        }
     }
 
     /// A backward pass ended: recorded in the current round, and no gather ahead crosses it.
@@ -498,7 +554,13 @@ impl<T> Scheduler<T> {
         bytes: impl Fn(usize) -> usize,
         joins: impl Fn(usize, usize) -> bool,
     ) {
-        let plan = Plan::new(sequence, bytes, joins, self.window.unit_bytes);
+        let plan = Plan::new(
+            sequence,
+            bytes,
+            joins,
+            self.window.unit_bytes,
+            self.window.reuse_bytes,
+        );
         self.tracks[phase.slot()].plan = Some(plan);
     }
 
@@ -518,13 +580,15 @@ mod tests {
     /// A gather stand-in: the unit it serves.
     type Gather = usize;
 
-    /// What `serve` returns for a use served by the tensor of the use before.
-    const AGAIN: usize = usize::MAX;
+    /// What `serve` returns for a use served by a tensor an earlier use kept.
+    const KEPT: usize = usize::MAX;
 
-    /// The default window, with units of one 4-byte parameter each: the tests that use it
-    /// follow gathers ahead, not how units form.
+    /// The default window, with units of one 4-byte parameter each and no tensor kept but for
+    /// the use right after: the tests that use it follow gathers ahead, not how units form.
     fn one_parameter_units() -> PrefetchConfig {
-        PrefetchConfig::new().with_unit_bytes(4)
+        PrefetchConfig::new()
+            .with_unit_bytes(4)
+            .with_reuse_bytes(Some(0))
     }
 
     fn adopt(scheduler: &mut Scheduler<Gather>, phase: Phase, order: &[usize]) {
@@ -537,7 +601,7 @@ mod tests {
         let decision = scheduler.on_use(phase, index);
         let served = match decision.serve {
             Serve::Alone => None,
-            Serve::Again => Some(AGAIN),
+            Serve::Kept { .. } => Some(KEPT),
             Serve::Ahead { last, .. } => {
                 let unit = *scheduler.front().unwrap();
                 if last {
@@ -564,25 +628,25 @@ mod tests {
     fn parameters_together_in_the_flat_layout_form_one_unit_in_either_order() {
         // Forward: weight 0 and bias 1, weight 2 and bias 3; backward: weight 2, then 0, one
         // unit that also gathers bias 1 (4 bytes unused, within 100 / 16).
-        let plan = Plan::new(vec![0, 1, 2, 3, 2, 0], |_| 4, |_, _| true, 100);
+        let plan = Plan::new(vec![0, 1, 2, 3, 2, 0], |_| 4, |_, _| true, 100, Some(0));
         let units: Vec<_> = plan.units.iter().map(|u| u.params.clone()).collect();
         assert_eq!(units, [0..4, 0..3]);
         // More unused bytes than that, or a parameter the unit already serves, start a unit.
-        let plan = Plan::new(vec![3, 0], |_| 4, |_, _| true, 100);
+        let plan = Plan::new(vec![3, 0], |_| 4, |_, _| true, 100, Some(0));
         let units: Vec<_> = plan.units.iter().map(|u| u.params.clone()).collect();
         assert_eq!(units, [3..4, 0..1]);
-        let plan = Plan::new(vec![1, 0, 1], |_| 4, |_, _| true, 100);
+        let plan = Plan::new(vec![1, 0, 1], |_| 4, |_, _| true, 100, Some(0));
         let units: Vec<_> = plan.units.iter().map(|u| u.params.clone()).collect();
         assert_eq!(units, [0..2, 1..2]);
         // A parameter between of another dtype, too.
-        let plan = Plan::new(vec![2, 0], |_| 4, |_, other| other != 1, 100);
+        let plan = Plan::new(vec![2, 0], |_| 4, |_, other| other != 1, 100, Some(0));
         let units: Vec<_> = plan.units.iter().map(|u| u.params.clone()).collect();
         assert_eq!(units, [2..3, 0..1]);
         // Another dtype, or a unit over the byte limit, starts a new unit.
-        let plan = Plan::new(vec![0, 1, 2, 3], |_| 4, |_, next| next != 2, 100);
+        let plan = Plan::new(vec![0, 1, 2, 3], |_| 4, |_, next| next != 2, 100, Some(0));
         let units: Vec<_> = plan.units.iter().map(|u| u.params.clone()).collect();
         assert_eq!(units, [0..2, 2..4]);
-        let plan = Plan::new(vec![0, 1, 2, 3], |_| 4, |_, _| true, 8);
+        let plan = Plan::new(vec![0, 1, 2, 3], |_| 4, |_, _| true, 8, Some(0));
         let units: Vec<_> = plan.units.iter().map(|u| u.params.clone()).collect();
         assert_eq!(units, [0..2, 2..4]);
     }
@@ -591,17 +655,23 @@ mod tests {
     fn a_use_of_the_parameter_used_just_before_gathers_nothing() {
         // Forward 0, 1, 2 (one unit); backward 2, 1, 0: backward's 2 is forward's again, and
         // ends forward's unit; 1 and 0 are backward's.
-        let plan = Plan::new(vec![0, 1, 2, 2, 1, 0], |_| 4, |_, _| true, 100);
+        let plan = Plan::new(vec![0, 1, 2, 2, 1, 0], |_| 4, |_, _| true, 100, Some(0));
         let units: Vec<_> = plan.units.iter().map(|u| u.params.clone()).collect();
         assert_eq!(units, [0..3, 0..2]);
-        assert_eq!(plan.again, [false, false, false, true, false, false]);
+        assert_eq!(plan.kept, [false, false, false, true, false, false]);
         // Not across the end of a backward, and a use after a repeat starts a unit.
-        let plan = Plan::new(vec![2, BACKWARD_END, 2, 2, 3], |_| 4, |_, _| true, 100);
+        let plan = Plan::new(
+            vec![2, BACKWARD_END, 2, 2, 3],
+            |_| 4,
+            |_, _| true,
+            100,
+            Some(0),
+        );
         let units: Vec<_> = plan.units.iter().map(|u| u.params.clone()).collect();
         assert_eq!(units, [2..3, 2..3, 3..4]);
-        assert_eq!(plan.again, [false, false, true, false]);
+        assert_eq!(plan.kept, [false, false, true, false]);
 
-        let mut scheduler = Scheduler::new(PrefetchConfig::new());
+        let mut scheduler = Scheduler::new(PrefetchConfig::new().with_reuse_bytes(Some(0)));
         adopt(&mut scheduler, Phase::Train, &[0, 1, 2, 2, 1, 0]);
         // Forward's use of 2 is told that the next use is its again.
         assert_eq!(serve(&mut scheduler, Phase::Train, 0), Some(0));
@@ -612,21 +682,21 @@ mod tests {
             Serve::Ahead {
                 offset: 2,
                 last: true,
-                again: true
+                keep: true
             }
         );
         scheduler.pop_front();
         for (unit, _) in scheduler.plan_ahead(|_| 4, |_| 4) {
             scheduler.issued(unit, unit);
         }
-        assert_eq!(serve(&mut scheduler, Phase::Train, 2), Some(AGAIN));
+        assert_eq!(serve(&mut scheduler, Phase::Train, 2), Some(KEPT));
         // Backward's unit serves 1 at its offset 1, then 0 at offset 0, its last.
         assert_eq!(
             scheduler.on_use(Phase::Train, 1).serve,
             Serve::Ahead {
                 offset: 1,
                 last: false,
-                again: false
+                keep: false
             }
         );
         assert_eq!(*scheduler.front().unwrap(), 1);
@@ -635,7 +705,7 @@ mod tests {
             Serve::Ahead {
                 offset: 0,
                 last: true,
-                again: false
+                keep: false
             }
         );
         scheduler.pop_front();
@@ -653,11 +723,78 @@ mod tests {
     }
 
     #[test]
+    fn a_parameter_used_again_later_keeps_its_tensor_within_the_reuse_bytes() {
+        // A tied embedding: 0 first and last in forward (its head), first in backward; 1 and 2
+        // a layer between. 12 bytes kept at once at most: 0 (8 bytes) from position 0 to 3 and
+        // 1 (4 bytes) from position 1 to 6 fit; 2 would be 16 (position 2 to 5).
+        let bytes = |i: usize| if i == 0 { 8 } else { 4 };
+        let order = vec![0, 1, 2, 0, 0, 2, 1];
+        let plan = Plan::new(order.clone(), bytes, |_, _| true, 4, Some(12));
+        assert_eq!(plan.keep, [true, true, false, true, false, false, false]);
+        assert_eq!(plan.kept, [false, false, false, true, true, false, true]);
+        // Kept uses are in no unit: 0, 1, 2, then backward's 2 alone.
+        let units: Vec<_> = plan.units.iter().map(|u| u.params.clone()).collect();
+        assert_eq!(units, [0..1, 1..2, 2..3, 2..3]);
+        // Nothing kept at 0 bytes but the use right after; at 16, 2 as well.
+        let plan = Plan::new(order.clone(), bytes, |_, _| true, 4, Some(0));
+        assert_eq!(plan.kept, [false, false, false, false, true, false, false]);
+        let plan = Plan::new(order.clone(), bytes, |_, _| true, 4, Some(16));
+        assert_eq!(plan.kept, [false, false, false, true, true, true, true]);
+        // By default, the largest parameter's bytes: 0 alone.
+        let plan = Plan::new(order, bytes, |_, _| true, 4, None);
+        assert_eq!(plan.kept, [false, false, false, true, true, false, false]);
+        // Never across the end of a backward (the next micro-batch's forward).
+        let plan = Plan::new(
+            vec![0, 1, BACKWARD_END, 0, 1],
+            bytes,
+            |_, _| true,
+            4,
+            Some(100),
+        );
+        assert_eq!(plan.kept, [false, false, false, false]);
+
+        // Served in a round: the kept use gathers nothing, and what the plan expects after it
+        // comes from the units ahead.
+        let window = PrefetchConfig::new().with_unit_bytes(4);
+        let mut scheduler = Scheduler::new(window.with_reuse_bytes(Some(8)));
+        adopt(&mut scheduler, Phase::Train, &[0, 1, 0, 1]);
+        let decision = scheduler.on_use(Phase::Train, 0);
+        assert!(matches!(decision.serve, Serve::Demand { keep: true, .. }));
+        for (unit, _) in scheduler.plan_ahead(|_| 4, |_| 4) {
+            scheduler.issued(unit, unit);
+        }
+        assert_eq!(serve(&mut scheduler, Phase::Train, 1), Some(1));
+        assert_eq!(serve(&mut scheduler, Phase::Train, 0), Some(KEPT));
+        assert_eq!(serve(&mut scheduler, Phase::Train, 1), Some(KEPT));
+        assert_eq!(scheduler.end_step().0, [None, None]);
+        // A kept use keeps its tensor again for the use right after (the tied head: kept from
+        // forward's first use, then for backward's first).
+        adopt(&mut scheduler, Phase::Train, &[0, 1, 0, 0]);
+        serve(&mut scheduler, Phase::Train, 0);
+        serve(&mut scheduler, Phase::Train, 1);
+        let decision = scheduler.on_use(Phase::Train, 0);
+        assert_eq!(decision.serve, Serve::Kept { keep: true });
+        let decision = scheduler.on_use(Phase::Train, 0);
+        assert_eq!(decision.serve, Serve::Kept { keep: false });
+        scheduler.end_step();
+        // A round that leaves the plan forgets what it kept; an evaluation between, too.
+        serve(&mut scheduler, Phase::Train, 0);
+        let decision = scheduler.on_use(Phase::Train, 2);
+        assert!(decision.forget_kept && decision.serve == Serve::Alone);
+        scheduler.end_step();
+        adopt(&mut scheduler, Phase::Train, &[0, 1, 0, 1]);
+        serve(&mut scheduler, Phase::Train, 0);
+        assert!(scheduler.on_use(Phase::Eval, 0).forget_kept);
+        assert!(!scheduler.on_use(Phase::Eval, 1).forget_kept);
+    }
+
+    #[test]
     fn a_plan_is_gathered_ahead_within_the_window() {
         let mut scheduler = Scheduler::new(PrefetchConfig {
             gathers: 2,
             bytes: 1000,
             unit_bytes: 4,
+            reuse_bytes: Some(0),
         });
         // Round 1 records; nothing is gathered ahead.
         for index in [0, 2, 4, 6, 4, 2] {
@@ -697,6 +834,7 @@ mod tests {
             gathers: 3,
             bytes: 4,
             unit_bytes: 4,
+            reuse_bytes: Some(0),
         });
         adopt(&mut scheduler, Phase::Train, &[0, 2, 4, 6]);
         serve(&mut scheduler, Phase::Train, 0);
@@ -705,6 +843,7 @@ mod tests {
             gathers: 3,
             bytes: 0,
             unit_bytes: 4,
+            reuse_bytes: Some(0),
         });
         adopt(&mut scheduler, Phase::Train, &[0, 2, 4, 6]);
         scheduler.end_step();
@@ -783,7 +922,7 @@ mod tests {
         assert_eq!(units, [0..1, 2..3, 0..1, 2..3]);
         serve(&mut scheduler, Phase::Train, 0);
         serve(&mut scheduler, Phase::Train, 2);
-        assert_eq!(serve(&mut scheduler, Phase::Train, 2), Some(AGAIN));
+        assert_eq!(serve(&mut scheduler, Phase::Train, 2), Some(KEPT));
         assert!(
             scheduler.ahead.is_empty(),
             "the next forward is not gathered during this backward"
@@ -799,7 +938,7 @@ mod tests {
         }
         assert_eq!(scheduler.ahead.iter().map(|a| a.0).collect::<Vec<_>>(), [3]);
         assert_eq!(serve(&mut scheduler, Phase::Train, 2), Some(3));
-        assert_eq!(serve(&mut scheduler, Phase::Train, 2), Some(AGAIN));
+        assert_eq!(serve(&mut scheduler, Phase::Train, 2), Some(KEPT));
         scheduler.end_backward();
         assert_eq!(
             scheduler.end_step().0,

@@ -76,8 +76,9 @@ pub struct ShardStats {
     pub reused_buffers: u64,
     /// Bytes of such buffers kept free for the next gathers right now.
     pub pooled_bytes: usize,
-    /// Uses served by the tensor that the use just before made of the same parameter, with no
-    /// gather (a tied LM head's last use in forward and first in backward), since the start.
+    /// Uses served by the tensor that an earlier use of the same round made of the same
+    /// parameter and kept, with no gather (a tied embedding's first use in forward, kept for
+    /// the LM head at its end, and the head's first use in backward), since the start.
     pub served_again: u64,
     /// Host gathers that read the peers' pieces straight out of their shared buffers (every
     /// rank on this host, linked through shared memory), since the start; the others went
@@ -142,12 +143,12 @@ pub struct ParamShards {
     pub(super) own_mappers: Mutex<Vec<Option<Box<dyn Any + Send + Sync>>>>,
     /// The host gathers' buffers, reused from step to step (`pool.rs`).
     pub(super) pool: Arc<GatherPool>,
-    /// The tensor the last use made, kept for the next use when the schedule says it is of
-    /// the same parameter ([`Fetched::Again`]).
-    kept: Mutex<Option<KeptTensor>>,
+    /// Tensors that uses made, kept for their parameters' later uses when the schedule says so
+    /// ([`Fetched::Kept`]): at most one per parameter.
+    kept: Mutex<Vec<KeptTensor>>,
 }
 
-/// A backend's float primitive made for one use of parameter `index`, kept for the next.
+/// A backend's float primitive made for one use of parameter `index`, kept for a later one.
 struct KeptTensor {
     /// Its parameter, whose bytes are counted live while it is kept.
     index: usize,
@@ -245,7 +246,7 @@ impl ParamShards {
             probe,
             own_mappers: Mutex::new((0..count).map(|_| None).collect()),
             pool: Arc::default(),
-            kept: Mutex::new(None),
+            kept: Mutex::new(Vec::new()),
         }
     }
 
@@ -380,40 +381,41 @@ impl ParamShards {
             Use::Op => self.fetch(index, phase),
             Use::Read => self
                 .gather_alone(index)
-                .map(|part| Fetched::Part { part, again: false }),
+                .map(|part| Fetched::Part { part, keep: false }),
         };
-        let (part, again) = match fetched.unwrap_or_else(|source| self.failed(index, source)) {
-            Fetched::Again => match self.take_kept::<B>(index) {
+        let (part, keep) = match fetched.unwrap_or_else(|source| self.failed(index, source)) {
+            Fetched::Kept { keep } => match self.take_kept::<B>(index) {
                 Some(tensor) => {
-                    // Its bytes are live since the use before; this op releases them.
-                    frame::hold(self, self.params[index].bytes());
+                    // Its bytes are live since the use that kept it; this op releases them,
+                    // unless it is kept again.
                     self.count_again(index);
+                    if keep {
+                        self.keep(index, Box::new(tensor.clone()));
+                    } else {
+                        frame::hold(self, self.params[index].bytes());
+                    }
                     return tensor;
                 }
-                // Dropped since the use before, because the pieces changed: every rank
-                // dropped it alike, and gathers it again.
+                // Dropped since the use that kept it, because the pieces changed or an
+                // evaluation came between: every rank dropped it alike, and gathers it again.
                 None => {
                     let part = self.gather_alone(index);
                     (
                         part.unwrap_or_else(|source| self.failed(index, source)),
-                        false,
+                        keep,
                     )
                 }
             },
-            Fetched::Part { part, again } => (part, again),
+            Fetched::Part { part, keep } => (part, keep),
         };
-        if counted == Use::Op {
-            // A tensor kept for a use that did not come (the schedule broke there) is stale.
-            self.drop_kept();
-            // A tensor kept for the next use stays live past this op, until that use's op
-            // returns (the two share its memory: it is counted once).
-            if !again {
-                frame::hold(self, self.params[index].bytes());
-            }
+        // A tensor kept for a later use stays live past this op, until that use's op returns
+        // (the two share its memory: it is counted once).
+        if counted == Use::Op && !keep {
+            frame::hold(self, self.params[index].bytes());
         }
         self.count(index, counted);
         let tensor = self.materialize::<B>(index, part, device);
-        if again {
+        if keep {
             self.keep(index, Box::new(tensor.clone()));
         }
         tensor
@@ -457,23 +459,33 @@ impl ParamShards {
         }
     }
 
-    /// Keeps `tensor` (parameter `index`'s, `B::FloatTensorPrimitive`) for the next use, which
+    /// Keeps `tensor` (parameter `index`'s, `B::FloatTensorPrimitive`) for a later use, which
     /// the schedule says is of the same parameter; its bytes, counted live by the use that made
     /// it, stay live until then.
     fn keep(&self, index: usize, tensor: Box<dyn Any + Send>) {
-        self.drop_kept();
-        *self.kept() = Some(KeptTensor { index, tensor });
+        let replaced = {
+            let mut kept = self.kept();
+            let at = kept.iter().position(|k| k.index == index);
+            let replaced = at.map(|at| kept.swap_remove(at));
+            kept.push(KeptTensor { index, tensor });
+            replaced
+        };
+        // The schedule serves a parameter's kept tensor before keeping another, so this is
+        // only a tensor whose use did not come.
+        if let Some(replaced) = replaced {
+            self.release_kept(replaced);
+        }
     }
 
     /// The tensor kept for this use of parameter `index` (the schedule, the same on every
-    /// rank, announced it when the use before was served), its bytes still live; `None` if it
+    /// rank, announced it when an earlier use was served), its bytes still live; `None` if it
     /// was dropped since.
     fn take_kept<B: Backend>(&self, index: usize) -> Option<B::FloatTensorPrimitive> {
-        let kept = self.kept().take()?;
-        if kept.index != index {
-            self.release_kept(kept);
-            return None;
-        }
+        let kept = {
+            let mut kept = self.kept();
+            let at = kept.iter().position(|k| k.index == index)?;
+            kept.swap_remove(at)
+        };
         let tensor = kept
             .tensor
             .downcast::<B::FloatTensorPrimitive>()
@@ -487,11 +499,11 @@ impl ParamShards {
         Some(*tensor)
     }
 
-    /// Drops a tensor kept for a next use (its use did not come, the step ended, or the
+    /// Drops the tensors kept for later uses (their uses did not come, the step ended, or the
     /// pieces changed).
     pub(super) fn drop_kept(&self) {
-        let kept = self.kept().take();
-        if let Some(kept) = kept {
+        let kept = std::mem::take(&mut *self.kept());
+        for kept in kept {
             self.release_kept(kept);
         }
     }
@@ -501,7 +513,7 @@ impl ParamShards {
         self.release(self.params[kept.index].bytes());
     }
 
-    fn kept(&self) -> MutexGuard<'_, Option<KeptTensor>> {
+    fn kept(&self) -> MutexGuard<'_, Vec<KeptTensor>> {
         // Nothing panics while holding it.
         self.kept.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -521,7 +533,7 @@ impl ParamShards {
         state.digest = (state.digest ^ entry as u64).wrapping_mul(FNV_PRIME);
     }
 
-    /// A use served by the tensor kept from the use before ([`Fetched::Again`]): one more use
+    /// A use served by the tensor an earlier use kept ([`Fetched::Kept`]): one more use
     /// of the step's sequence, and no gather (its bytes are live already).
     fn count_again(&self, index: usize) {
         self.hash_into_digest(index);
