@@ -245,7 +245,7 @@ impl Plan {
                 held -= bytes(index);
             }
             let Some(q) = next_use[p] else { continue };
-            let crosses_backward = fences.iter().any(|&f| p < f && f <= q);
+            let crosses_backward = first_fence_from(fences, p + 1) <= q;
             if !crosses_backward && (q == p + 1 || held + bytes(index) <= reuse_bytes) {
                 keep[p] = true;
                 kept[q] = true;
@@ -258,9 +258,15 @@ impl Plan {
     /// The first position, from `cursor` on, that waits for a backward to end: no unit from
     /// there on may be gathered ahead yet.
     fn fence_from(&self, cursor: usize) -> usize {
-        let next = self.fences.partition_point(|&f| f < cursor);
-        self.fences.get(next).copied().unwrap_or(usize::MAX)
+        first_fence_from(&self.fences, cursor)
     }
+}
+
+/// The first of `fences` (ascending positions of the first use after a backward's end) at or
+/// after `cursor`; `usize::MAX` if none.
+fn first_fence_from(fences: &[usize], cursor: usize) -> usize {
+    let next = fences.partition_point(|&f| f < cursor);
+    fences.get(next).copied().unwrap_or(usize::MAX)
 }
 
 /// One phase's plan and where its current round stands.

@@ -386,15 +386,9 @@ impl ParamShards {
         let (part, keep) = match fetched.unwrap_or_else(|source| self.failed(index, source)) {
             Fetched::Kept { keep } => match self.take_kept::<B>(index) {
                 Some(tensor) => {
-                    // Its bytes are live since the use that kept it; this op releases them,
-                    // unless it is kept again.
+                    // Its bytes are live since the use that kept it.
                     self.count_again(index);
-                    if keep {
-                        self.keep(index, Box::new(tensor.clone()));
-                    } else {
-                        frame::hold(self, self.params[index].bytes());
-                    }
-                    return tensor;
+                    return self.keep_or_hold::<B>(index, tensor, keep, counted);
                 }
                 // Dropped since the use that kept it, because the pieces changed or an
                 // evaluation came between: every rank dropped it alike, and gathers it again.
@@ -408,15 +402,25 @@ impl ParamShards {
             },
             Fetched::Part { part, keep } => (part, keep),
         };
-        // A tensor kept for a later use stays live past this op, until that use's op returns
-        // (the two share its memory: it is counted once).
-        if counted == Use::Op && !keep {
-            frame::hold(self, self.params[index].bytes());
-        }
         self.count(index, counted);
         let tensor = self.materialize::<B>(index, part, device);
+        self.keep_or_hold::<B>(index, tensor, keep, counted)
+    }
+
+    /// Parameter `index`'s tensor for this use, its bytes live: kept for a later use when
+    /// `keep` (live past this op, until that use's op returns; the two share its memory, so it
+    /// is counted once), else released when the op returns (a read's were never counted live).
+    fn keep_or_hold<B: Backend>(
+        self: &Arc<Self>,
+        index: usize,
+        tensor: B::FloatTensorPrimitive,
+        keep: bool,
+        counted: Use,
+    ) -> B::FloatTensorPrimitive {
         if keep {
             self.keep(index, Box::new(tensor.clone()));
+        } else if counted == Use::Op {
+            frame::hold(self, self.params[index].bytes());
         }
         tensor
     }
