@@ -57,10 +57,12 @@ tasks:
                 the host collectives (all-reduce, all-gather; shared memory and TCP)
                 beside memcpy and PyTorch's gloo, in one run; installs torch from PyPI
                 into a venv when missing; never in CI (docs/perf/host-all-reduce.md)
-  bench-zero3 [--steps N]
+  bench-zero3 [--steps N] [--rounds R]
                 the GPT-2 124M shape on 4 ranks: peak memory per rank and step time of
                 Burn's AdamW, ZeroAdam stages 1, 2 and 3, and PyTorch FSDP2 (torch from
-                PyPI in a venv), one after the other; never in CI (docs/perf/zero3.md)";
+                PyPI in a venv), one after the other; with --rounds R, only stage 2,
+                stage 3 and FSDP2, alternately R times, each round's ratios and their
+                medians; never in CI (docs/perf/zero3.md)";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();

@@ -37,28 +37,54 @@ impl Figures {
     }
 }
 
+const USAGE: &str = "usage: cargo xtask bench-zero3 [--steps N] [--rounds R]
+  (steps at least 3, default 6; rounds at least 2 runs only stage 2, stage 3 and FSDP2,
+  alternately R times, and prints each round's ratios)";
+
+/// A configuration of gpt-pretrain: its name in the table, its flags and its environment.
+type Config = (
+    &'static str,
+    &'static [&'static str],
+    &'static [(&'static str, &'static str)],
+);
+
+const STAGE_2: Config = ("ZeroAdam stage 2", &["--zero-stage", "2"], &[]);
+const STAGE_3: Config = ("ZeroAdam stage 3", &["--zero-stage", "3"], &[]);
+
 pub fn bench_zero3(args: &[String]) -> Result<(), String> {
-    let steps: usize = match args {
-        [] => 6,
-        [flag, n] if flag == "--steps" => n
-            .parse()
-            .ok()
-            .filter(|&n| n >= 3)
-            .ok_or("bench-zero3: --steps takes a number of at least 3")?,
-        _ => return Err("usage: cargo xtask bench-zero3 [--steps N]".into()),
-    };
+    let (mut steps, mut rounds) = (6usize, 1usize);
+    for pair in args.chunks(2) {
+        let count = |least: usize| {
+            pair.get(1)
+                .and_then(|n| n.parse::<usize>().ok())
+                .filter(|&n| n >= least)
+                .ok_or_else(|| {
+                    format!(
+                        "bench-zero3: {} takes a number of at least {least}\n{USAGE}",
+                        pair[0]
+                    )
+                })
+        };
+        match pair[0].as_str() {
+            "--steps" => steps = count(3)?,
+            "--rounds" => rounds = count(2)?,
+            other => return Err(format!("bench-zero3: unknown argument {other:?}\n{USAGE}")),
+        }
+    }
     let bin = build_release()?;
     let python = torch_python()?;
+    if rounds > 1 {
+        return alternate(&bin, &python, steps, rounds);
+    }
     let mut all = Vec::new();
-    let one_lane: &[(&str, &str)] = &[("BURN_DIST_GATHER_LANE", "0")];
-    for (name, flags, env) in [
+    for config in [
         (
             "Burn AdamW, replicated",
             &["--optimizer", "adamw"][..],
             &[][..],
         ),
         ("ZeroAdam stage 1", &["--zero-stage", "1"][..], &[]),
-        ("ZeroAdam stage 2", &["--zero-stage", "2"][..], &[]),
+        STAGE_2,
         (
             "ZeroAdam stage 3, gathers on demand",
             &["--zero-stage", "3", "--prefetch-gathers", "0"][..],
@@ -67,50 +93,11 @@ pub fn bench_zero3(args: &[String]) -> Result<(), String> {
         (
             "ZeroAdam stage 3, gathers behind reductions",
             &["--zero-stage", "3"][..],
-            one_lane,
+            &[("BURN_DIST_GATHER_LANE", "0")][..],
         ),
-        ("ZeroAdam stage 3", &["--zero-stage", "3"][..], &[]),
+        STAGE_3,
     ] {
-        let dir = target_dir()
-            .join("bench-zero3")
-            .join(name.replace([' ', ','], "-"));
-        let _ = std::fs::remove_dir_all(&dir);
-        run(Command::new(bin.join("burn-dist-run"))
-            .envs(env.iter().copied())
-            .args([
-                "--nproc-per-node",
-                &WORLD.to_string(),
-                "--master-port",
-                "0",
-                "--",
-            ])
-            .arg(bin.join("gpt-pretrain"))
-            .args(["--model", "gpt2-124m", "--synthetic-vocab", "50304"])
-            .args([
-                "--context",
-                &CONTEXT.to_string(),
-                "--global-batch",
-                &BATCH.to_string(),
-            ])
-            .args([
-                "--steps",
-                &steps.to_string(),
-                "--warmup",
-                "1",
-                "--eval-every",
-                "0",
-            ])
-            .args([
-                "--eval-sequences",
-                &BATCH.to_string(),
-                "--log-every",
-                "1",
-                "--no-plot",
-            ])
-            .args(flags)
-            .arg("--run-dir")
-            .arg(&dir))?;
-        all.push(ours(name, &dir.join("metrics.jsonl"), steps)?);
+        all.push(ours(&bin, config, steps)?);
     }
     all.push(fsdp2(&python, steps)?);
     print_table(&all, steps);
@@ -118,6 +105,78 @@ pub fn bench_zero3(args: &[String]) -> Result<(), String> {
     std::fs::write(&svg, bar_chart(&all)).map_err(|e| format!("writing {}: {e}", svg.display()))?;
     println!("figure: {}", svg.display());
     Ok(())
+}
+
+/// Stage 2, stage 3 and FSDP2, `rounds` times, each round starting one configuration later than
+/// the one before: a machine whose speed drifts during the run (a shared VM's does, by a third
+/// between runs minutes apart) weighs on all three alike, and each round's ratios compare runs
+/// a few minutes apart. Prints every round and the medians of its ratios.
+fn alternate(
+    bin: &std::path::Path,
+    python: &std::path::Path,
+    steps: usize,
+    rounds: usize,
+) -> Result<(), String> {
+    let mut results = Vec::new();
+    for round in 0..rounds {
+        let mut figures: [Option<Figures>; 3] = [None, None, None];
+        for which in rotated(round) {
+            eprintln!("xtask: round {}/{rounds}, configuration {which}", round + 1);
+            figures[which] = Some(match which {
+                0 => ours(bin, STAGE_2, steps)?,
+                1 => ours(bin, STAGE_3, steps)?,
+                _ => fsdp2(python, steps)?,
+            });
+        }
+        results.push(figures.map(|f| f.expect("every configuration ran this round")));
+    }
+    print_rounds(&results, steps);
+    Ok(())
+}
+
+/// The order of the three configurations in round `round`: 0 1 2, then 1 2 0, then 2 0 1.
+fn rotated(round: usize) -> [usize; 3] {
+    [0, 1, 2].map(|i| (i + round) % 3)
+}
+
+/// Each round's step times of stage 2, stage 3 and FSDP2, stage 3's over the other two, then the
+/// medians over the rounds.
+fn print_rounds(results: &[[Figures; 3]], steps: usize) {
+    println!(
+        "GPT-2 124M shape, {WORLD} ranks, steps 2-{} timed (median), {} rounds in rotated order",
+        steps - 1,
+        results.len()
+    );
+    println!(
+        "| round | stage 2 (s) | stage 3 (s) | FSDP2 (s) | stage 3 / stage 2 | stage 3 / FSDP2 | stage 3 waits (s/step) | peaks: stage 2 / stage 3 / FSDP2 (MiB) |"
+    );
+    println!("|---|---|---|---|---|---|---|---|");
+    for (round, [two, three, fsdp]) in results.iter().enumerate() {
+        println!(
+            "| {} | {:.2} | {:.2} | {:.2} | {:.3} | {:.3} | {} | {:.0} / {:.0} / {:.0} |",
+            round + 1,
+            two.step_s,
+            three.step_s,
+            fsdp.step_s,
+            three.step_s / two.step_s,
+            three.step_s / fsdp.step_s,
+            three
+                .gather_wait_s
+                .map_or("-".into(), |w| format!("{w:.2}")),
+            two.max_peak_mib(),
+            three.max_peak_mib(),
+            fsdp.max_peak_mib()
+        );
+    }
+    let (over_two, over_fsdp) = median_ratios(results);
+    println!("median stage 3 / stage 2: {over_two:.3}; median stage 3 / FSDP2: {over_fsdp:.3}");
+}
+
+/// The medians over the rounds of stage 3's step time over stage 2's and over FSDP2's, each
+/// ratio taken within its round.
+fn median_ratios(results: &[[Figures; 3]]) -> (f64, f64) {
+    let ratio = |of: usize| median(results.iter().map(|r| r[1].step_s / r[of].step_s).collect());
+    (ratio(0), ratio(2))
 }
 
 /// Timed steps: not the first (kernel warm-up, first allocations) nor the last (gpt-pretrain
@@ -131,8 +190,56 @@ fn median(mut values: Vec<f64>) -> f64 {
     values[values.len() / 2]
 }
 
+/// Runs gpt-pretrain on `WORLD` ranks in configuration `config`, and reads its figures.
+fn ours(
+    bin: &std::path::Path,
+    (name, flags, env): Config,
+    steps: usize,
+) -> Result<Figures, String> {
+    let dir = target_dir()
+        .join("bench-zero3")
+        .join(name.replace([' ', ','], "-"));
+    let _ = std::fs::remove_dir_all(&dir);
+    run(Command::new(bin.join("burn-dist-run"))
+        .envs(env.iter().copied())
+        .args([
+            "--nproc-per-node",
+            &WORLD.to_string(),
+            "--master-port",
+            "0",
+            "--",
+        ])
+        .arg(bin.join("gpt-pretrain"))
+        .args(["--model", "gpt2-124m", "--synthetic-vocab", "50304"])
+        .args([
+            "--context",
+            &CONTEXT.to_string(),
+            "--global-batch",
+            &BATCH.to_string(),
+        ])
+        .args([
+            "--steps",
+            &steps.to_string(),
+            "--warmup",
+            "1",
+            "--eval-every",
+            "0",
+        ])
+        .args([
+            "--eval-sequences",
+            &BATCH.to_string(),
+            "--log-every",
+            "1",
+            "--no-plot",
+        ])
+        .args(flags)
+        .arg("--run-dir")
+        .arg(&dir))?;
+    read_metrics(name, &dir.join("metrics.jsonl"), steps)
+}
+
 /// A gpt-pretrain run's figures from its metrics.
-fn ours(name: &str, metrics: &std::path::Path, steps: usize) -> Result<Figures, String> {
+fn read_metrics(name: &str, metrics: &std::path::Path, steps: usize) -> Result<Figures, String> {
     let text = std::fs::read_to_string(metrics)
         .map_err(|e| format!("reading {}: {e}", metrics.display()))?;
     let tokens = (BATCH * CONTEXT) as f64;
@@ -334,15 +441,47 @@ fn bar_chart(all: &[Figures]) -> String {
 mod tests {
     use super::*;
 
-    #[test]
-    fn the_chart_scales_each_panel_to_its_largest_bar_and_names_every_configuration() {
-        let figures = |name: &str, step_s, peak| Figures {
+    fn figures(name: &str, step_s: f64, peak: f64) -> Figures {
+        Figures {
             name: name.into(),
             step_s,
             peak_mib: vec![peak / 2.0, peak],
             baseline_mib: None,
             gather_wait_s: None,
+        }
+    }
+
+    #[test]
+    fn each_round_starts_one_configuration_later_and_runs_all_three() {
+        assert_eq!(rotated(0), [0, 1, 2]);
+        assert_eq!(rotated(1), [1, 2, 0]);
+        assert_eq!(rotated(2), [2, 0, 1]);
+        assert_eq!(rotated(3), [0, 1, 2]);
+    }
+
+    #[test]
+    fn the_ratios_are_taken_within_each_round_then_their_median() {
+        // Round 2 ran on a machine twice as slow: its ratios are those of round 1, although its
+        // stage 3 is slower than every other round's stage 2.
+        let round = |two, three, fsdp| {
+            [
+                figures("2", two, 1.0),
+                figures("3", three, 1.0),
+                figures("f", fsdp, 1.0),
+            ]
         };
+        let results = [
+            round(4.0, 4.4, 5.0),
+            round(8.0, 8.8, 10.0),
+            round(4.0, 6.0, 4.0),
+        ];
+        let (over_two, over_fsdp) = median_ratios(&results);
+        assert!((over_two - 1.1).abs() < 1e-12, "{over_two}");
+        assert!((over_fsdp - 0.88).abs() < 1e-12, "{over_fsdp}");
+    }
+
+    #[test]
+    fn the_chart_scales_each_panel_to_its_largest_bar_and_names_every_configuration() {
         let svg = bar_chart(&[
             figures("a", 2.0, 1000.0),
             figures("ZeroAdam stage 3", 4.0, 250.0),
