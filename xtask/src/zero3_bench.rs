@@ -4,7 +4,9 @@
 //! its gathers on the main lane (`BURN_DIST_GATHER_LANE=0`) too, and the time stage 3's steps
 //! wait for their gathers (gpt-pretrain through burn-dist-run), and
 //! PyTorch FSDP2 (`benches/torch/fsdp2_gpt.py` under torchrun, gloo, torch from PyPI in a venv:
-//! see `host_step::torch_python`). Never part of CI. The figures go to docs/perf/zero3.md.
+//! see `host_step::torch_python`). With `--rounds R`, only stage 2, stage 3 and FSDP2,
+//! alternately R times, each ratio taken within its round. Never part of CI. The figures go to
+//! docs/perf/zero3.md.
 
 use std::process::Command;
 
