@@ -152,6 +152,11 @@ pub struct Args {
     /// Skip the SVG plot (RUN_DIR/loss.svg).
     #[arg(long)]
     pub no_plot: bool,
+    /// Print each phase as it ends, with its time (rank 0): the model built, the first
+    /// forward, backward and optimizer step (each ended by a device sync: a cold GPU compiles
+    /// and tunes its kernels there), then every step and evaluation.
+    #[arg(long)]
+    pub phase_log: bool,
     /// Peak FLOP/s of the hardware of ALL ranks together, for the MFU column
     /// (e.g. 989e12 for one H100 SXM in bf16).
     #[arg(long)]

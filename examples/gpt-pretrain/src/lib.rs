@@ -17,6 +17,7 @@ pub mod cli;
 pub mod data;
 pub mod metrics;
 pub mod model;
+pub mod phases;
 pub mod plot;
 pub mod rng;
 pub mod schedule;

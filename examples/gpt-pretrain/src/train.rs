@@ -22,6 +22,7 @@ use crate::cli::{Args, DecayKind, OptimizerKind, Precision};
 use crate::data::{self, Corpus, EvalPlan, Loader};
 use crate::metrics::{self, LoopClock, MetricsWriter, ShardRecord, StepRecord};
 use crate::model::{Gpt, GptConfig};
+use crate::phases::{Observer, Phase, Phases, Split};
 use crate::schedule::CosineSchedule;
 
 /// What a finished run reached (rank 0's view; every rank computes the same numbers).
@@ -46,6 +47,19 @@ pub fn run_with<B: DistributedAutodiff>(
     device: &B::Device,
     place: PlaceOptimizer,
 ) -> Result<Outcome, String> {
+    run_observed::<B>(args, ddp, device, place, None)
+}
+
+/// [`run_with`], with the run's phases handed to `observer` as they end (see
+/// [`crate::phases`]): the device check writes its first-step line from them, and ends the
+/// run early when its time is short.
+pub fn run_observed<'a, B: DistributedAutodiff>(
+    args: &'a Args,
+    ddp: &'a mut Ddp,
+    device: &B::Device,
+    place: PlaceOptimizer,
+    observer: Option<&'a mut dyn Observer>,
+) -> Result<Outcome, String> {
     let rank = ddp.rank();
     if ddp.accumulation_steps() != args.accumulation {
         return Err(format!(
@@ -54,7 +68,8 @@ pub fn run_with<B: DistributedAutodiff>(
             args.accumulation
         ));
     }
-    Trainer::<B>::new(args, ddp, device, place)
+    let phases = Phases::start(args.phase_log && rank == 0, observer);
+    Trainer::<B>::new(args, ddp, device, place, phases)
         .and_then(|trainer| trainer.train())
         .map_err(|e| format!("rank {rank}: {e}"))
 }
@@ -83,6 +98,7 @@ struct Trainer<'a, B: DistributedAutodiff> {
     restart: usize,
     bar: ProgressBar,
     metrics: Option<MetricsWriter>,
+    phases: Phases<'a>,
 }
 
 impl<'a, B: DistributedAutodiff> Trainer<'a, B> {
@@ -91,6 +107,7 @@ impl<'a, B: DistributedAutodiff> Trainer<'a, B> {
         ddp: &'a mut Ddp,
         device: &B::Device,
         place: PlaceOptimizer,
+        phases: Phases<'a>,
     ) -> Result<Self, String> {
         let (rank, world) = (ddp.rank(), ddp.world_size());
         args.check(world)?;
@@ -185,7 +202,7 @@ impl<'a, B: DistributedAutodiff> Trainer<'a, B> {
         } else {
             None
         };
-        let trainer = Trainer {
+        let mut trainer = Trainer {
             schedule: CosineSchedule {
                 max_lr: args.lr,
                 min_lr: args.min_lr.unwrap_or(args.lr / 10.0),
@@ -206,14 +223,22 @@ impl<'a, B: DistributedAutodiff> Trainer<'a, B> {
             restart: burn_dist_comm::env::restart_count().unwrap_or(0),
             bar,
             metrics,
+            phases,
             ddp,
         };
         trainer.announce(windows);
+        // Nothing to stop yet: only a step's phase can end the run.
+        let _ = trainer.phases.reach(Phase::ModelBuilt);
         Ok(trainer)
     }
 
     fn rank(&self) -> usize {
         self.ddp.rank()
+    }
+
+    /// Waits for the device's queued work, so that the phase just ended is timed whole.
+    fn sync(&self, step: u64) -> Result<(), String> {
+        B::sync(&self.device).map_err(|e| format!("step {step}: waiting for the device: {e:?}"))
     }
 
     /// Rank 0 prints a line (above the progress bar when there is one).
@@ -325,13 +350,26 @@ impl<'a, B: DistributedAutodiff> Trainer<'a, B> {
         let mut moved = self.ddp.stats();
         let mut shards_before = self.ddp.shard_stats().unwrap_or_default();
         for done in self.start + 1..=steps {
-            let (loss, lr, grad_norm, skipped, loss_scale) = self.step(done - 1)?;
+            let (loss, lr, grad_norm, skipped, loss_scale, split) = self.step(done - 1)?;
+            let stops = self
+                .phases
+                .reach(Phase::Step {
+                    step: done,
+                    loss,
+                    split,
+                })
+                .is_break();
             let before = std::mem::replace(&mut moved, self.ddp.stats());
-            let last = done == steps;
+            let last = done == steps || stops;
             let evaluates =
                 last || (args.eval_every > 0 && done.is_multiple_of(args.eval_every as u64));
             let val_loss = if evaluates {
-                Some(self.evaluate()?)
+                let val_loss = self.evaluate()?;
+                let _ = self.phases.reach(Phase::Evaluated {
+                    step: done,
+                    val_loss,
+                });
+                Some(val_loss)
             } else {
                 None
             };
@@ -403,6 +441,9 @@ impl<'a, B: DistributedAutodiff> Trainer<'a, B> {
             if pauses_here && self.restart == 0 {
                 pause(self.rank(), done);
             }
+            if last {
+                break;
+            }
         }
         self.bar.finish_and_clear();
         self.finish(&outcome, &clock)?;
@@ -411,8 +452,27 @@ impl<'a, B: DistributedAutodiff> Trainer<'a, B> {
 
     /// One optimizer step (`step` counts from 0): every micro-batch's forward and backward,
     /// then the update. Returns the mean loss over ranks and micro-batches, the learning rate,
-    /// the gradient norm, whether the step was skipped, and the loss scale used.
-    fn step(&mut self, step: u64) -> Result<(f64, f64, f64, bool, Option<f32>), String> {
+    /// the gradient norm, whether the step was skipped, the loss scale used, and, when its
+    /// phases are timed (the first step, or one the observer splits), its parts' seconds.
+    #[allow(clippy::type_complexity)] // one step's figures, each named above
+    fn step(
+        &mut self,
+        step: u64,
+    ) -> Result<(f64, f64, f64, bool, Option<f32>, Option<Split>), String> {
+        // The first step of this run (a resumed run's too) and the steps the observer splits.
+        let first = step == self.start;
+        let timed = self.phases.listened() && (first || self.phases.splits(step + 1));
+        let mut split = Split {
+            forward_s: 0.0,
+            backward_s: 0.0,
+            optimizer_s: 0.0,
+        };
+        let mut clock = std::time::Instant::now();
+        let lap = |clock: &mut std::time::Instant| {
+            let seconds = clock.elapsed().as_secs_f64();
+            *clock = std::time::Instant::now();
+            seconds
+        };
         let (args, seq) = (self.args, self.config.context);
         let lr = self.schedule.lr(step as usize);
         self.ddp.set_step(step);
@@ -433,6 +493,12 @@ impl<'a, B: DistributedAutodiff> Trainer<'a, B> {
             let (inputs, targets) = data::batch::<B>(&self.corpus.train, seq, chunk, &self.device);
             let loss = model.loss(inputs, targets);
             loss_sum += loss.clone().into_scalar().elem::<f64>();
+            if timed {
+                split.forward_s += lap(&mut clock);
+                if first {
+                    let _ = self.phases.reach(Phase::FirstForward);
+                }
+            }
             let loss = match &self.scaler {
                 Some(scaler) => scaler.scale_loss(loss),
                 None => loss,
@@ -441,6 +507,13 @@ impl<'a, B: DistributedAutodiff> Trainer<'a, B> {
                 .ddp
                 .backward(loss, &model)
                 .map_err(|e| format!("step {}: {e}", step + 1))?;
+            if timed {
+                self.sync(step + 1)?;
+                split.backward_s += lap(&mut clock);
+                if first {
+                    let _ = self.phases.reach(Phase::FirstBackward);
+                }
+            }
         }
         let grads = grads.expect("the last micro-batch of a window returns the gradients");
         let max_grad_norm = (args.max_grad_norm > 0.0).then_some(args.max_grad_norm);
@@ -459,8 +532,22 @@ impl<'a, B: DistributedAutodiff> Trainer<'a, B> {
             }
         };
         self.model = Some(model);
+        if timed {
+            self.sync(step + 1)?;
+            split.optimizer_s += lap(&mut clock);
+            if first {
+                let _ = self.phases.reach(Phase::FirstOptimizerStep);
+            }
+        }
         let loss = self.mean_over_ranks(loss_sum / args.accumulation as f64)?;
-        Ok((loss, lr, grad_norm, skipped, loss_scale))
+        Ok((
+            loss,
+            lr,
+            grad_norm,
+            skipped,
+            loss_scale,
+            timed.then_some(split),
+        ))
     }
 
     fn mean_over_ranks(&self, value: f64) -> Result<f64, String> {
