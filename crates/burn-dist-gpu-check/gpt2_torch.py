@@ -7,7 +7,12 @@ practitioner runs PyTorch eagerly on one GPU: bf16 autocast, fused AdamW, SDPA a
 
 Writes one JSON line (check "gpt/torch") to --out with tokens_per_s and the MFU estimate of
 gpt-pretrain's formula, (6·N + 12·L·d·T) · tokens/s / peak FLOP/s, N the parameters without
-the position embedding, so the two lines compare directly.
+the position embedding, so the two lines compare directly, and one step split into forward,
+backward and optimizer, each ended by a device sync, as gpt-pretrain splits one.
+
+With --profile (check "gpt-profile/torch"): the same warm-up, then --profiled steps under
+torch.profiler, and the CUDA kernels that took the most time, their share, and how much of
+the steps' wall time the kernels fill, as the gpt-profile line of ours reports them.
 """
 
 import argparse
@@ -30,10 +35,14 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=10)
     # H200 SXM dense bf16 tensor-core peak, the figure MFU is usually quoted against.
     parser.add_argument("--peak-flops", type=float, default=989e12)
+    parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--profiled", type=int, default=2)
+    parser.add_argument("--top", type=int, default=12)
     args = parser.parse_args()
+    check = "gpt-profile/torch" if args.profile else "gpt/torch"
 
     def emit(status, **fields):
-        line = {"check": "gpt/torch", "status": status, "unix_time": int(time.time()), **fields}
+        line = {"check": check, "status": status, "unix_time": int(time.time()), **fields}
         text = json.dumps(line)
         print(text, flush=True)
         with open(args.out, "a") as out:
@@ -110,19 +119,38 @@ def main() -> int:
         gen = torch.Generator(device=device)
         gen.manual_seed(1)
 
-        def step():
+        def step(split=None):
+            """One training step; with a dict, each part's seconds, ended by a sync."""
+            mark = time.perf_counter()
+
+            def lap(name):
+                nonlocal mark
+                if split is not None:
+                    torch.cuda.synchronize(device)
+                    now = time.perf_counter()
+                    split[name] = now - mark
+                    mark = now
+
             idx = torch.randint(0, V, (args.batch, T + 1), device=device, generator=gen)
             with torch.autocast("cuda", dtype=torch.bfloat16):
                 loss = model(idx[:, :-1], idx[:, 1:])
+            lap("split_forward_s")
             loss.backward()
+            lap("split_backward_s")
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
             opt.zero_grad(set_to_none=True)
+            lap("split_optimizer_s")
             return loss
 
         for _ in range(args.warmup):
             step()
         torch.cuda.synchronize(device)
+        split = {}
+        step(split)
+        if args.profile:
+            emit("pass", **profiled(torch, step, device, args), **split)
+            return 0
         start = time.perf_counter()
         for _ in range(args.steps):
             loss = step()
@@ -144,11 +172,56 @@ def main() -> int:
             max_memory_gib=torch.cuda.max_memory_allocated(device) / 2**30,
             torch_version=torch.__version__,
             device_name=torch.cuda.get_device_name(device),
+            **split,
         )
     except Exception as e:  # noqa: BLE001 - report, do not crash without a line
         emit("fail", error=f"{type(e).__name__}: {e}")
         return 1
     return 0
+
+
+def profiled(torch, step, device, args):
+    """--profiled steps under torch.profiler: the slowest CUDA kernels and their share."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(args.profiled):
+            step()
+        torch.cuda.synchronize(device)
+    wall = time.perf_counter() - start
+    # Kernels only (the device-side entries of the averages), by name: what the GPU spent its
+    # time on. Attribute names moved between torch versions (cuda_* became device_*).
+    kernels = {}
+    for avg in prof.key_averages():
+        if "CUDA" not in str(getattr(avg, "device_type", "")):
+            continue
+        micros = getattr(avg, "self_device_time_total", None)
+        if micros is None:
+            micros = getattr(avg, "self_cuda_time_total", 0.0)
+        kernels[avg.key] = (micros * 1e-6, avg.count)
+    total = sum(s for s, _ in kernels.values())
+    n = max(args.profiled, 1)
+    slowest = sorted(kernels.items(), key=lambda kv: -kv[1][0])[: args.top]
+    return {
+        "profiled_steps": args.profiled,
+        "kernels_found": len(kernels),
+        "kernel_s_per_step": total / n,
+        "wall_s_per_step": wall / n,
+        "kernel_fraction_of_wall": total / wall if wall else None,
+        "kernel_launches_per_step": sum(c for _, c in kernels.values()) / n,
+        "slowest_kernels": [
+            {
+                "kernel": name[:120],
+                "seconds_per_step": s / n,
+                "launches_per_step": c / n,
+                "share_of_kernel_time": s / total if total else None,
+            }
+            for name, (s, c) in slowest
+        ],
+        "torch_version": torch.__version__,
+    }
 
 
 if __name__ == "__main__":

@@ -1,61 +1,136 @@
 #!/usr/bin/env bash
 # The burn-dist device check, on the GPU machine. `cargo xtask gpu-check` copies this script,
-# the binary, fused_adamw_torch.py and gpt2_torch.py into target-gpu/; run it from anywhere:
+# the binary (with its build-tag), fused_adamw_torch.py and gpt2_torch.py into target-gpu/;
+# run it from anywhere:
 #
-#     bash target-gpu/run.sh both       # core, then device, in one device call (the first run)
-#     bash target-gpu/run.sh            # the core checks (NCCL, kernels, fused step, DDP step)
-#     bash target-gpu/run.sh device     # Burn's Cuda (fusion on) on the device path, ZeroAdam's step
-#     bash target-gpu/run.sh gpt        # the end-to-end GPT-2 124M comparison with PyTorch
-#     bash target-gpu/run.sh libraries  # only the library look-up and the version check
-#     bash target-gpu/run.sh sanitize   # the kernels check under compute-sanitizer, if present
+#     bash target-gpu/run.sh                # = e2e: GPT-2 end to end, the first run of a session
+#     bash target-gpu/run.sh e2e            # torch-gpt, ddp-timed, gpt-fusion-f32, ranks, gpt-fusion-bf16, ...
+#     bash target-gpu/run.sh core device    # NCCL, kernels, fused step, DDP step; the device path
+#     bash target-gpu/run.sh gpt            # every GPT-2 variant of ours beside PyTorch's
+#     bash target-gpu/run.sh ddp-timed ranks   # any checks by name, in the order given
+#     bash target-gpu/run.sh libraries      # only the library look-up and the version check
+#     bash target-gpu/run.sh sanitize       # the kernels check under compute-sanitizer, if present
 #
-# A suite's limits add up to at most SUITE_LIMIT_S, `both`'s to BOTH_LIMIT_S (below), so that
-# `both` fits one device call of at most 10 minutes and a machine start each call saves.
-# `both` writes $OUT/core/ and $OUT/device/, each with the three files below. The script finds libnccl and libnvrtc
-# (the toolkit's, else the Python environment's nvidia-* packages), checks that NVRTC is not
-# newer than the driver and that no libcuda stub shadows the driver, runs each check under its
-# own timeout, and writes
-#   $OUT/results.jsonl   one JSON line per result, written as soon as it is known
-#   $OUT/gpu-check.md    a dated table of the results
-#   $OUT/gpu-check.log   everything the checks printed, the library paths and versions
-# OUT defaults to target-gpu/out. Exit code: 0 when every result passed.
+# One deadline for the whole run (DEADLINE_S, default 570 s: a device call of 600 s less the
+# report and the kill margins): each check runs under the smaller of its own cap and what is
+# left before the deadline, and a check that would get less than the least it needs is not run
+# and says so. Everything goes into one folder, $OUT (default target-gpu/out):
+#   results.jsonl   one JSON line per result, written as soon as it is known
+#   gpu-check.md    a dated table of the results
+#   gpu-check.log   everything the checks printed, the library paths and versions, each phase
+#   kernel-pack/    cubecl's compiled kernels, its autotune results and the driver's own cache
+#                   (CUDA_CACHE_PATH), tagged, in parts of at most 15 MiB: packed after every
+#                   check and on exit, so a run cut short still returns what it compiled
+# The device tool returns at most 8 files of at most 16 MiB, at most 2 folders down: the pack
+# takes what the other files leave (docs/gpu.md, "The kernel pack"). Exit code: 0 when every
+# result passed (lines that only inform, `skip` and `report`, do not count).
 #
 # Environment: PYTHON (default python3, the one with torch and the nvidia-* packages),
 # ELEMENTS (fused-step size, default 268435456 = 2^28), DEVICE (default 0), CUDA_PATH (a CUDA
 # toolkit; default: the first of CUDA_ROOTS, "/usr/local/cuda /opt/cuda" and nvcc's, with
 # include/cuda_runtime.h), NCCL_SOCKET_IFNAME (default lo: world size 1 needs no network),
-# NCCL_DEBUG (default WARN). For the rehearsal without a GPU (tests/run_sh.rs): GPU_CHECK_BIN
-# (the binary; default beside this script).
+# NCCL_DEBUG (default WARN), DEADLINE_S, GPU_CHECK_PACK (the pack to start from; default the
+# one committed in the checkout, crates/burn-dist-gpu-check/kernel-pack). For the rehearsal
+# without a GPU (tests/run_sh.rs): GPU_CHECK_BIN (the binary; default beside this script),
+# GPU_CHECK_CC (the compute capability; default nvidia-smi's), GPU_CHECK_CLOCK (a file holding
+# the time in seconds, read instead of the clock), GPU_CHECK_PART_BYTES (the pack's part size).
 set -uo pipefail
-SUITE="${1:-core}"
-case "$SUITE" in both | core | gpt | device | libraries | sanitize) ;; *) echo "usage: run.sh [both|core|gpt|device|libraries|sanitize]" >&2; exit 2 ;; esac
-# What one suite's limits may add up to: a 7-minute device call, less about 90 s for the
-# machine's start and the transfers, less about 20 s for this script's own set-up and report.
-SUITE_LIMIT_S=300
-# core and device in one call of at most 600 s: their limits, each suite's set-up and report
-# (about 20 s each) and the kill margins fit.
-BOTH_LIMIT_S=540
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 OUT="${OUT:-$HERE/out}"
-if [ "$SUITE" = both ]; then
-    OUT="$OUT/core" bash "${BASH_SOURCE[0]}" core
-    core=$?
-    OUT="$OUT/device" bash "${BASH_SOURCE[0]}" device
-    device=$?
-    exit $((core > device ? core : device))
-fi
+# The whole run ends by DEADLINE_S after its start; RESERVE_S of it is kept for the last pack
+# and the report, and each check's timeout may take KILL_S more to kill it.
+DEADLINE_S="${DEADLINE_S:-570}"
+RESERVE_S=15
+KILL_S=5
+
+# --- Which checks, in which order ----------------------------------------------------------
+# One check per line: name, cap (seconds), the least it needs to be worth starting, kind
+# (bin: the binary; kernel: the binary, compiling kernels with NVRTC; torch: a PyTorch
+# script), and its arguments. Caps come from the runs of 2026-12-04 (docs/perf/gpu-check.md):
+# nccl-w1 2 s, kernels 4 s, fused-step 18 s, torch-adamw 10 s, torch-gpt 10-14 s; ddp-step and
+# the gpt checks did not finish cold in 125 s and 115 s, so they get what the deadline leaves.
+CHECKS='
+nccl-w1          15  5 bin    nccl-w1
+kernels          25 10 kernel kernels
+fused-step       45 20 kernel fused-step --elements ELEMENTS
+ddp-step        190 60 kernel ddp-step
+ddp-timed       150 40 kernel ddp-timed
+device-path     245 90 kernel device-path
+ranks           200 60 kernel ranks
+gpt-fusion-f32  300 60 kernel gpt --stack fusion --precision f32
+gpt-fusion-bf16 300 60 kernel gpt --stack fusion --precision bf16
+gpt-cube-f32    300 60 kernel gpt --stack cube --precision f32
+gpt-cube-bf16   300 60 kernel gpt --stack cube --precision bf16
+gpt-profile     150 60 kernel gpt-profile --stack fusion --precision bf16
+torch-adamw      20 10 torch  fused_adamw_torch.py --elements ELEMENTS
+torch-gpt        60 20 torch  gpt2_torch.py
+torch-profile    60 20 torch  gpt2_torch.py --profile
+'
+# The suites. e2e is the first run of a session (issue 44): PyTorch's reference, the timed DDP
+# step, GPT-2 on the stack users train with, two and three ranks on one GPU, then bf16, the
+# other stack and where the time goes, as the deadline allows.
+suite() { # name: its checks, or nothing when NAME is no suite
+    case "$1" in
+        e2e) echo "torch-gpt ddp-timed gpt-fusion-f32 ranks gpt-fusion-bf16 gpt-cube-bf16 torch-profile gpt-profile" ;;
+        core) echo "nccl-w1 kernels fused-step ddp-step torch-adamw" ;;
+        device) echo "device-path" ;;
+        both) echo "nccl-w1 kernels fused-step ddp-step torch-adamw device-path" ;;
+        gpt) echo "torch-gpt gpt-fusion-f32 gpt-fusion-bf16 gpt-cube-f32 gpt-cube-bf16" ;;
+        libraries) echo "-" ;;
+        sanitize) echo "sanitize" ;;
+    esac
+}
+spec() { # name: its line of CHECKS, or nothing
+    echo "$CHECKS" | awk -v n="$1" '$1 == n'
+}
+usage() {
+    echo "usage: run.sh [SUITE | CHECK]...   suites: e2e (default), core, device, both, gpt, libraries, sanitize; checks: $(echo "$CHECKS" | awk 'NF {printf "%s ", $1}')" >&2
+    exit 2
+}
+PLAN=""
+[ $# -eq 0 ] && set -- e2e
+for word in "$@"; do
+    checks="$(suite "$word")"
+    if [ -n "$checks" ]; then
+        [ "$checks" = - ] || PLAN="$PLAN $checks"
+    elif [ -n "$(spec "$word")" ]; then
+        PLAN="$PLAN $word"
+    else
+        echo "run.sh: unknown suite or check $word" >&2
+        usage
+    fi
+done
+
+# The time, in whole seconds (a file's content in the rehearsal, so that its tests need no
+# clock and no sleep).
+now() {
+    if [ -n "${GPU_CHECK_CLOCK:-}" ]; then cat "$GPU_CHECK_CLOCK"; else date +%s; fi
+}
+START="$(now)"
+left() { # seconds left before the deadline, less the reserve
+    echo $((START + DEADLINE_S - RESERVE_S - $(now)))
+}
+
 # The checks' binary shares compiled kernels and autotune results through this directory
-# (`--cache`): within one device call the later checks do not compile them again. It lives
-# outside this folder: each device call that carries target-gpu/ replaces the folder, and a
-# second call on the same warm machine would find its cache gone (2026-12-04: the gpt suite,
-# called again at once, compiled cold a second time).
+# (`--cache`), and the driver keeps what it compiled from PTX in its driver/ (CUDA_CACHE_PATH):
+# within one device call a later check does not compile a kernel again. It lives outside this
+# folder: each device call that carries target-gpu/ replaces the folder, and a second call on
+# the same warm machine would find its cache gone (2026-12-04: the gpt suite, called again at
+# once, compiled cold a second time).
 CACHE="${GPU_CHECK_CACHE:-/tmp/burn-dist-gpu-check-cache}"
-# Across calls and sessions they survive only if they come back: each suite packs the cache
-# into $OUT (below), and an earlier call's pack put beside this script (docs/gpu.md) is
-# unpacked into an empty cache before the first check. On the first H200 run the cold
-# compilation of the device suite's fused kernels took 166 s of its 245.
-CARRIED_CACHE="${GPU_CHECK_CARRIED_CACHE:-$HERE/cubecl-cache.tar.gz}"
+export CUDA_CACHE_PATH="$CACHE/driver"
+# The driver's default limit (256 MiB) could evict what an earlier check of the call compiled.
+export CUDA_CACHE_MAXSIZE="${CUDA_CACHE_MAXSIZE:-4294967296}"
+# The pack this run starts from: the one committed in the checkout (the device tool sends the
+# checkout with every call), unless told otherwise.
+PACK="${GPU_CHECK_PACK:-$HERE/../crates/burn-dist-gpu-check/kernel-pack}"
+# What the device tool brings back: files of at most 16 MiB, so parts of 15.
+PART_BYTES="${GPU_CHECK_PART_BYTES:-15728640}"
+RETURNED_FILES=8
+# What a device call carries, the committed pack included: the pack must leave room for the
+# binary and 8 MiB of the rest of the checkout, or the next call could not carry it.
+CARRY_BYTES="${GPU_CHECK_CARRY_BYTES:-67108864}"
 # PyTorch's scripts run with the LD_LIBRARY_PATH the machine gave: the one built below puts
 # the toolkit's lib64 ahead of the wheels' CUDA libraries, and a newer torch wheel then fails
 # at `import torch`. Only the binary needs it.
@@ -76,7 +151,12 @@ PY="${PY:-${PYTHON:-python3}}"
 ELEMENTS="${ELEMENTS:-268435456}"
 DEVICE="${DEVICE:-0}"
 BIN="${GPU_CHECK_BIN:-$HERE/burn-dist-gpu-check}"
+# What the binary was built from (`cargo xtask gpu-check` writes it beside the binary): the
+# kernels' sources and Cargo.lock, each as a hash.
+BUILD_TAG="$(cat "$(dirname "$BIN")/build-tag" 2>/dev/null | tr '\n' ' ')"
 mkdir -p "$OUT"
+# $OUT holds this run's files only (an earlier run's pack would take the room of this one's).
+rm -rf "$OUT/kernel-pack" "$OUT"/sanitize-*
 RESULTS="$OUT/results.jsonl"
 LOG="$OUT/gpu-check.log"
 : >"$RESULTS"
@@ -84,17 +164,7 @@ LOG="$OUT/gpu-check.log"
 STARTED="$(date -u +%Y-%m-%dT%H:%M:%SZ)"
 
 note() { echo "run.sh: $*" | tee -a "$LOG"; }
-
-# An earlier call's cache, carried here, warms this one (only into an empty cache: a cache this
-# call already filled is newer).
-if [ -f "$CARRIED_CACHE" ] && [ ! -e "$CACHE" ]; then
-    mkdir -p "$CACHE"
-    if tar -xzf "$CARRIED_CACHE" -C "$CACHE" 2>>"$LOG"; then
-        note "cubecl cache: unpacked $CARRIED_CACHE into $CACHE"
-    else
-        note "cubecl cache: $CARRIED_CACHE could not be unpacked; the checks compile cold"
-    fi
-fi
+note "plan:$PLAN (deadline ${DEADLINE_S} s after the start)"
 
 # A result line written by this script (the checks write their own).
 result() { # check status error [key=value...] (an empty error is left out)
@@ -265,6 +335,134 @@ result libraries "$([ -n "$PROBLEM" ] && echo fail || echo pass)" "$PROBLEM" \
     "libnccl=${NCCL:-none}" "libnvrtc=$([ -n "$NVRTC" ] && readlink -f "$NVRTC" || echo none)" \
     "nvrtc_version=$NVRTC_VERSION" "driver_version=$DRIVER_VERSION" "cuda_path=${CUDA_PATH:-none}"
 
+
+# --- The kernel pack -------------------------------------------------------------------------
+# cubecl keys a compiled kernel by its type's name and launch settings, not by its source
+# (cubecl-runtime `id.rs`): PTX packed from an older burn-dist-kernels would load in place of
+# the new code. So the pack is tagged with what it was built from, and this run takes from it
+# only what its own build and GPU make valid:
+# - driver/ (the driver's cache, CUDA_CACHE_PATH), always: the driver keys it by the PTX itself
+#   and by the driver's version, so a stale entry is never used for other code;
+# - autotune/, when Cargo.lock (the versions of Burn's and cubecl's kernels) and the compute
+#   capability match: a tuning result names one of Burn's kernels for one shape on one GPU;
+# - compilation/ (cubecl's PTX), only when the kernels' sources match as well.
+# An unknown value never matches.
+CC="${GPU_CHECK_CC:-$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader -i "$DEVICE" 2>/dev/null | head -n 1 | tr -d ' ')}"
+CC="${CC:-unknown}"
+tag_of() { # key text: the value of key= in "k=v k=v" text
+    echo "$2" | tr ' ' '\n' | sed -n "s/^$1=//p" | head -n 1
+}
+same() { # a b: both known and equal
+    [ -n "$1" ] && [ "$1" != unknown ] && [ "$1" = "$2" ]
+}
+BUILT_KERNELS="$(tag_of kernels "$BUILD_TAG")"
+BUILT_LOCK="$(tag_of lock "$BUILD_TAG")"
+note "build: kernels=${BUILT_KERNELS:-unknown} lock=${BUILT_LOCK:-unknown}; compute capability $CC"
+
+unpack_pack() {
+    if [ -e "$CACHE" ]; then
+        note "kernel pack: $CACHE already holds kernels compiled on this machine (an earlier call): kept, the pack is not unpacked"
+        result kernel-pack pass "" "used=the cache of an earlier call on this machine"
+        return
+    fi
+    if [ ! -f "$PACK/TAG" ]; then
+        note "kernel pack: none at $PACK: the checks compile cold"
+        result kernel-pack skip "no kernel pack at $PACK: the checks compile cold"
+        return
+    fi
+    local tag parts sha tmp keep="driver" dropped="" reason=""
+    tag="$(tr '\n' ' ' <"$PACK/TAG")"
+    parts=("$PACK"/part-*)
+    sha="$(cat "${parts[@]}" 2>/dev/null | sha256sum | cut -d ' ' -f 1)"
+    if [ ! -e "${parts[0]}" ] || [ "${#parts[@]}" != "$(tag_of parts "$tag")" ] || [ "$sha" != "$(tag_of sha256 "$tag")" ]; then
+        note "kernel pack: $PACK is damaged (${#parts[@]} parts, sha256 $sha; its TAG says $(tag_of parts "$tag") and $(tag_of sha256 "$tag")): the checks compile cold"
+        result kernel-pack fail "the kernel pack at $PACK is damaged: its parts do not match its TAG (parts, sha256)"
+        return
+    fi
+    tmp="$(mktemp -d)"
+    if ! cat "${parts[@]}" | tar -xzf - -C "$tmp" 2>>"$LOG"; then
+        rm -rf "$tmp"
+        result kernel-pack fail "the kernel pack at $PACK could not be unpacked"
+        return
+    fi
+    if ! same "$BUILT_LOCK" "$(tag_of lock "$tag")" || ! same "$CC" "$(tag_of cc "$tag")"; then
+        dropped="autotune compilation"
+        reason="packed for lock=$(tag_of lock "$tag") cc=$(tag_of cc "$tag"), this run has lock=${BUILT_LOCK:-unknown} cc=$CC"
+    elif ! same "$BUILT_KERNELS" "$(tag_of kernels "$tag")"; then
+        keep="$keep autotune"
+        dropped="compilation"
+        reason="packed for kernels=$(tag_of kernels "$tag"), this binary was built from kernels=${BUILT_KERNELS:-unknown}"
+    else
+        keep="$keep autotune compilation"
+    fi
+    mkdir -p "$CACHE"
+    local part
+    for part in $keep; do
+        [ -d "$tmp/$part" ] && mv "$tmp/$part" "$CACHE/$part"
+    done
+    rm -rf "$tmp"
+    note "kernel pack: unpacked $keep from $PACK (made $(tag_of made "$tag"))${dropped:+; dropped $dropped: $reason}"
+    result kernel-pack pass "" "used=$keep" "dropped=${dropped:-nothing}" ${reason:+"reason=$reason"} "made=$(tag_of made "$tag")"
+}
+
+# Packs the cache into $OUT/kernel-pack: TAG and part-00, part-01, ... of one .tar.gz. The
+# parts fill what the other files of $OUT leave of the RETURNED_FILES; when the whole cache
+# does not fit, the driver's cache goes first, then cubecl's PTX (the autotune results save
+# the most: each tuned shape compiles and times some 29 candidates).
+pack_cache() {
+    [ -d "$CACHE" ] || return 0
+    local others room tmp contents present size n sha
+    others="$(find "$OUT" -type f -not -path "$OUT/kernel-pack/*" | wc -l)"
+    # The report (gpu-check.md) is written after the last pack.
+    [ -e "$OUT/gpu-check.md" ] || others=$((others + 1))
+    room=$((RETURNED_FILES - others - 1))
+    [ "$room" -gt 4 ] && room=4
+    if [ "$room" -lt 1 ]; then
+        note "kernel pack: not packed: the $others other files of $OUT leave no room among the $RETURNED_FILES that come back"
+        return 0
+    fi
+    local binary limit
+    binary="$(stat -c %s "$BIN" 2>/dev/null || echo 0)"
+    limit=$((room * PART_BYTES))
+    [ $((CARRY_BYTES - binary - (8 << 20))) -lt "$limit" ] && limit=$((CARRY_BYTES - binary - (8 << 20)))
+    tmp="$(mktemp -d)"
+    for contents in "autotune compilation driver" "autotune compilation" "autotune"; do
+        present=""
+        for part in $contents; do [ -d "$CACHE/$part" ] && present="$present $part"; done
+        [ -z "$present" ] && continue
+        # shellcheck disable=SC2086 # $present is a list of folders
+        if ! tar -C "$CACHE" -cf - $present 2>>"$LOG" | gzip -1 >"$tmp/pack.tar.gz"; then
+            note "kernel pack: packing$present failed"
+            continue
+        fi
+        size="$(stat -c %s "$tmp/pack.tar.gz")"
+        if [ "$size" -gt "$limit" ]; then
+            note "kernel pack:$present is $size bytes, more than the $limit that fit ($room parts of $PART_BYTES returned, and beside the $binary-byte binary in the $CARRY_BYTES a call carries)"
+            continue
+        fi
+        (cd "$tmp" && split -b "$PART_BYTES" -d -a 2 pack.tar.gz part-)
+        sha="$(sha256sum <"$tmp/pack.tar.gz" | cut -d ' ' -f 1)"
+        rm "$tmp/pack.tar.gz"
+        n="$(find "$tmp" -name 'part-*' | wc -l)"
+        {
+            echo "kernels=${BUILT_KERNELS:-unknown}"
+            echo "lock=${BUILT_LOCK:-unknown}"
+            echo "cc=$CC"
+            echo "contents=${present# }"
+            echo "parts=$n"
+            echo "sha256=$sha"
+            echo "made=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+            echo "gpu=${GPU:-unknown}"
+        } >"$tmp/TAG"
+        rm -rf "$OUT/kernel-pack"
+        mv "$tmp" "$OUT/kernel-pack"
+        note "kernel pack:$present packed into $OUT/kernel-pack ($size bytes, $n parts)"
+        return 0
+    done
+    rm -rf "$tmp"
+    note "kernel pack: nothing packed (see the lines above)"
+}
+
 # --- Checks --------------------------------------------------------------------------------
 # check NAME SECONDS COMMAND...: runs COMMAND under its own timeout; a crash or a timeout
 # becomes a "fail" line naming it (what the check wrote before stays).
@@ -273,7 +471,7 @@ check() {
     shift 2
     note "$name (at most ${limit} s): $*"
     local start=$SECONDS
-    timeout --kill-after=5 "$limit" "$@" >>"$LOG" 2>&1
+    GPU_CHECK_NAME="$name" timeout --kill-after="$KILL_S" "$limit" "$@" >>"$LOG" 2>&1
     local rc=$?
     note "$name: exit code $rc after $((SECONDS - start)) s"
     case $rc in
@@ -281,14 +479,6 @@ check() {
         124 | 137) result "$name" fail "killed after its ${limit} s timeout; the lines before are what it finished" ;;
         *) result "$name" fail "exited with code $rc (a crash: see gpu-check.log)" ;;
     esac
-}
-# A check of the binary that compiles kernels with NVRTC: not run when NVRTC cannot work.
-kernel_check() { # name seconds args...
-    if [ -n "$NVRTC_BLOCKED" ]; then
-        note "$1: not run: NVRTC is newer than the driver (the libraries line)"
-    else
-        check "$1" "$2" "$BIN" "${@:3}" --cache "$CACHE"
-    fi
 }
 # A PyTorch script, under the machine's own LD_LIBRARY_PATH.
 torch_check() { # name seconds script args...
@@ -298,85 +488,86 @@ torch_check() { # name seconds script args...
         check "$1" "$2" env LD_LIBRARY_PATH="$ORIGINAL_LD_LIBRARY_PATH" "$PY" "$HERE/$3" "${@:4}"
     fi
 }
-
-# The suites, in order, with their limits (seconds; SUITE_LIMIT_S in all at most). Core: the
-# library lines and NCCL first (seconds), then the kernels (NVRTC's cold compilation), the
-# fused step, the DDP step (a transformer's kernels compiled and autotuned cold), PyTorch last.
-# Gpt: one check per precision, each with its own limit, then PyTorch's reference. Device: Burn's
-# `Cuda` (fusion on) on the device path, and ZeroAdam's in-place step (issue 14).
-if [ "$SUITE" = libraries ]; then
-    :
-elif [ ! -x "$BIN" ]; then
-    result setup fail "$BIN is missing: build it with cargo xtask gpu-check"
-elif [ -n "$BLOCKED" ]; then
-    note "no check run: $BLOCKED"
-elif [ "$SUITE" = core ]; then
-    # Measured on the first H200 run (2026-12-04, docs/perf/gpu-check.md): nccl-w1 2 s, kernels
-    # 4 s, fused-step 18 s, torch-adamw 10 s; ddp-step did not finish in 125 s (its transformer's
-    # kernels compiled and autotuned cold), so it gets what the others do not need.
-    check nccl-w1 15 "$BIN" nccl-w1 --out "$RESULTS" --device "$DEVICE"
-    kernel_check kernels 25 kernels --out "$RESULTS" --device "$DEVICE"
-    kernel_check fused-step 45 fused-step --out "$RESULTS" --device "$DEVICE" --elements "$ELEMENTS"
-    kernel_check ddp-step 190 ddp-step --out "$RESULTS" --device "$DEVICE"
-    torch_check torch-adamw 20 fused_adamw_torch.py --out "$RESULTS" --device "$DEVICE" --elements "$ELEMENTS"
-elif [ "$SUITE" = sanitize ]; then
-    # Lavapipe cannot show a read past shared memory or a race between a cube's units (two
-    # kernel mutants survive there): compute-sanitizer can. It reports, it never blocks: its
-    # lines are `sanitize/racecheck` and `sanitize/memcheck`, and run.sh's exit code ignores
-    # them.
-    SANITIZER="$(command -v compute-sanitizer 2>/dev/null || true)"
-    [ -z "$SANITIZER" ] && [ -x "${CUDA_PATH:-/nonexistent}/bin/compute-sanitizer" ] && SANITIZER="$CUDA_PATH/bin/compute-sanitizer"
-    if [ -z "$SANITIZER" ]; then
+# Runs check NAME of CHECKS under the smaller of its cap and what the deadline leaves, or says
+# why it is not run; then packs the cache, so that a run cut later keeps what this compiled.
+run_check() { # name
+    local name cap least kind args available limit
+    read -r name cap least kind args <<<"$(spec "$1")"
+    args="${args//ELEMENTS/$ELEMENTS}"
+    available="$(left)"
+    limit=$((cap < available ? cap : available))
+    if [ "$limit" -lt "$least" ]; then
+        note "$name: not run: $available s left before the deadline, it needs at least $least s"
+        result "$name" skip "not run: $available s were left before the deadline (DEADLINE_S=$DEADLINE_S), and it needs at least $least s"
+        return
+    fi
+    # shellcheck disable=SC2086 # $args is a list of arguments
+    case "$kind" in
+        bin) check "$name" "$limit" "$BIN" $args --out "$RESULTS" --device "$DEVICE" ;;
+        kernel)
+            if [ -n "$NVRTC_BLOCKED" ]; then
+                note "$name: not run: NVRTC is newer than the driver (the libraries line)"
+                return
+            fi
+            check "$name" "$limit" "$BIN" $args --out "$RESULTS" --device "$DEVICE" --cache "$CACHE" --seconds "$limit"
+            ;;
+        torch) torch_check "$name" "$limit" $args --out "$RESULTS" --device "$DEVICE" ;;
+    esac
+    pack_cache
+}
+# Lavapipe cannot show a read past shared memory or a race between a cube's units (two kernel
+# mutants survive there): compute-sanitizer can. It reports, it never blocks: its lines are
+# `sanitize/racecheck` and `sanitize/memcheck`, and run.sh's exit code ignores them.
+sanitize() {
+    local sanitizer tool report rc summary
+    sanitizer="$(command -v compute-sanitizer 2>/dev/null || true)"
+    [ -z "$sanitizer" ] && [ -x "${CUDA_PATH:-/nonexistent}/bin/compute-sanitizer" ] && sanitizer="$CUDA_PATH/bin/compute-sanitizer"
+    if [ -z "$sanitizer" ]; then
         result sanitize/tool skip "no compute-sanitizer on PATH nor in ${CUDA_PATH:-no CUDA_PATH}/bin"
+        return
     elif [ -n "$NVRTC_BLOCKED" ]; then
         note "sanitize: not run: NVRTC is newer than the driver (the libraries line)"
-    else
-        for tool in racecheck memcheck; do
-            note "sanitize/$tool (at most 120 s): $SANITIZER --tool $tool $BIN kernels"
-            report="$OUT/sanitize-$tool.txt"
-            timeout --kill-after=5 120 "$SANITIZER" --tool "$tool" --error-exitcode 99 \
-                "$BIN" kernels --out "$OUT/sanitize-$tool.jsonl" --device "$DEVICE" --cache "$CACHE" \
-                >"$report" 2>&1
-            rc=$?
-            summary="$(grep -m 1 -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$report" | tr -d '=' | sed 's/^ *//')"
-            case $rc in
-                0 | 1) result "sanitize/$tool" pass "" "summary=${summary:-none}" ;;
-                99) result "sanitize/$tool" report "${summary:-errors found}: see sanitize-$tool.txt" ;;
-                *) result "sanitize/$tool" report "exit code $rc (timeout or crash): see sanitize-$tool.txt" ;;
-            esac
-        done
+        return
     fi
-elif [ "$SUITE" = device ]; then
-    # All that `both` leaves after core's 295 s: fusion's autotune and 30 transformer steps.
-    kernel_check device-path 245 device-path --out "$RESULTS" --device "$DEVICE"
-else
-    # 2026-12-04: PyTorch's reference took 10-14 s; neither of ours logged a step within 115 s
-    # cold (docs/perf/gpu-check.md), so they get what PyTorch does not need.
-    kernel_check gpt-f32 135 gpt-f32 --out "$RESULTS" --device "$DEVICE"
-    kernel_check gpt-bf16 135 gpt-bf16 --out "$RESULTS" --device "$DEVICE"
-    torch_check torch-gpt 30 gpt2_torch.py --out "$RESULTS" --device "$DEVICE"
-fi
-rm -rf "$LIBDIR"
+    for tool in racecheck memcheck; do
+        note "sanitize/$tool (at most 120 s): $sanitizer --tool $tool $BIN kernels"
+        report="$OUT/sanitize-$tool.txt"
+        timeout --kill-after="$KILL_S" 120 "$sanitizer" --tool "$tool" --error-exitcode 99 \
+            "$BIN" kernels --out "$OUT/sanitize-$tool.jsonl" --device "$DEVICE" --cache "$CACHE" \
+            >"$report" 2>&1
+        rc=$?
+        summary="$(grep -m 1 -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$report" | tr -d '=' | sed 's/^ *//')"
+        case $rc in
+            0 | 1) result "sanitize/$tool" pass "" "summary=${summary:-none}" ;;
+            99) result "sanitize/$tool" report "${summary:-errors found}: see sanitize-$tool.txt" ;;
+            *) result "sanitize/$tool" report "exit code $rc (timeout or crash): see sanitize-$tool.txt" ;;
+        esac
+    done
+}
 
-# --- The cache, packed to come back ----------------------------------------------------------
-# The device tool brings back files of at most 16 MiB: a larger pack is left out, and said so.
-if [ "$SUITE" != libraries ] && [ -d "$CACHE" ]; then
-    pack="$OUT/cubecl-cache.tar.gz"
-    if tar -czf "$pack" -C "$CACHE" . 2>>"$LOG"; then
-        size="$(stat -c %s "$pack")"
-        if [ "$size" -gt $((16 << 20)) ]; then
-            rm -f "$pack"
-            note "cubecl cache: $size bytes packed, over the 16 MiB that come back: not kept"
-        else
-            note "cubecl cache: packed into $pack ($size bytes); put it beside run.sh for the next call"
-        fi
-    else
-        note "cubecl cache: packing $CACHE failed"
+# --- The end: pack, the log's size, the report -------------------------------------------------
+# Run once, at the end or when the run is stopped (the device tool's limit sends a signal):
+# what was compiled and measured until then comes back.
+FINISHED=""
+REPORT_RC=1
+finish() {
+    [ -n "$FINISHED" ] && return
+    FINISHED=1
+    rm -rf "${LIBDIR:-/nonexistent-libdir}"
+    [ -n "$PLAN" ] && pack_cache
+    # A returned file is at most 16 MiB: keep the log's first 5 and its last 10.
+    if [ "$(stat -c %s "$LOG")" -gt $((15 << 20)) ]; then
+        { head -c $((5 << 20)) "$LOG"; echo; echo "run.sh: [... the middle of the log was cut: it passed 15 MiB ...]"; tail -c $((10 << 20)) "$LOG"; } >"$LOG.cut"
+        mv "$LOG.cut" "$LOG"
     fi
-fi
+    report
+    REPORT_RC=$?
+}
+trap finish EXIT
+trap 'note "stopped by a signal"; finish; exit 143' TERM INT
 
-# --- Report --------------------------------------------------------------------------------
-"$PY" - "$RESULTS" "$OUT/gpu-check.md" "$STARTED" "$GPU" "$NCCL" "$NVRTC" "$NVRTC_VERSION" "$DRIVER_VERSION" <<'EOF'
+report() {
+"$PY" - "$RESULTS" "$OUT/gpu-check.md" "$STARTED" "${GPU:-}" "${NCCL:-}" "${NVRTC:-}" "${NVRTC_VERSION:-}" "${DRIVER_VERSION:-}" <<'PYEOF'
 import json, sys
 results, md, started, gpu, nccl, nvrtc, nvrtc_version, driver_version = sys.argv[1:9]
 lines = []
@@ -397,7 +588,7 @@ def summary(r):
                 f"({r['bytes_per_element']} B/element) = {r['fraction_of_copy']:.2f} of copy "
                 f"({r['copy_gbps']:.0f} GB/s)")
     keep = {k: v for k, v in r.items() if k not in ("check", "status", "unix_time")}
-    return ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in keep.items())
+    return ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in keep.items())[:600]
 
 # `skip` and `report` (the sanitizer's lines) inform, they do not fail the run.
 informs = ("skip", "report")
@@ -414,4 +605,20 @@ text = "\n".join(out) + "\n"
 open(md, "w").write(text)
 print(text)
 sys.exit(1 if failed or not lines else 0)
-EOF
+PYEOF
+}
+
+if [ -z "$PLAN" ]; then
+    :
+elif [ ! -x "$BIN" ]; then
+    result setup fail "$BIN is missing: build it with cargo xtask gpu-check"
+elif [ -n "$BLOCKED" ]; then
+    note "no check run: $BLOCKED"
+else
+    unpack_pack
+    for name in $PLAN; do
+        if [ "$name" = sanitize ]; then sanitize; else run_check "$name"; fi
+    done
+fi
+finish
+exit "$REPORT_RC"

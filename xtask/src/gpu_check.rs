@@ -9,25 +9,26 @@
 //!   binary stays far below the 64 MiB that the device tool carries.
 //! - It builds in its own target subdirectory (`gpu-check/`), so that the CUDA version and
 //!   profile settings do not rebuild the workspace's other artifacts.
-//! - `target-gpu/` gets the binary, `run.sh`, `fused_adamw_torch.py` and `gpt2_torch.py`.
+//! - `target-gpu/` gets the binary, its `build-tag` (what the kernel pack is tagged with:
+//!   [`kernel_pack`]), `run.sh`, `fused_adamw_torch.py` and `gpt2_torch.py`.
+//! - The kernel pack is not copied: it is committed (`crates/burn-dist-gpu-check/kernel-pack`)
+//!   and the checkout travels with every device call; `--import-pack DIR` puts a returned one
+//!   there.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+
+use crate::kernel_pack;
 
 const PACKAGE: &str = "burn-dist-gpu-check";
 const OUT_DIR: &str = "target-gpu";
 /// What the device tool carries in all (the working tree counts too).
 const CARRY_LIMIT: u64 = 64 << 20;
-/// The device call's limit: run.sh's 300 s of check limits, its set-up and report, and the
-/// few seconds each timeout may take to kill a check (`--kill-after=5`).
-const CALL_TIMEOUT_S: u64 = 360;
-/// `run.sh both` (core, then device): 540 s of check limits, two set-ups and reports; the
-/// device tool's most for one command.
-const BOTH_TIMEOUT_S: u64 = 600;
-/// An earlier call's packed kernel cache (run.sh writes it into each results folder).
-const CARRIED_CACHE: &str = "cubecl-cache.tar.gz";
-const USAGE: &str =
-    "usage: cargo xtask gpu-check [--cuda-version NNNNN]   (default 13000: CUDA 13.0)";
+/// The device call's limit: run.sh's deadline (570 s) and the few seconds its end and the
+/// last timeout's kill may take; the device tool's most for one command.
+const CALL_TIMEOUT_S: u64 = 600;
+const USAGE: &str = "usage: cargo xtask gpu-check [--cuda-version NNNNN]   (default 13000: CUDA 13.0)\n       \
+                     cargo xtask gpu-check --import-pack DIR   (a kernel-pack/ a device call returned)";
 
 pub fn gpu_check(args: &[String]) -> Result<(), String> {
     let mut cuda_version = "13000".to_string();
@@ -40,6 +41,12 @@ pub fn gpu_check(args: &[String]) -> Result<(), String> {
                     .filter(|v| v.len() == 5 && v.chars().all(|c| c.is_ascii_digit()))
                     .ok_or_else(|| format!("--cuda-version needs a value like 13000\n{USAGE}"))?
                     .clone();
+            }
+            "--import-pack" => {
+                let from = rest
+                    .next()
+                    .ok_or_else(|| format!("--import-pack needs a directory\n{USAGE}"))?;
+                return import_pack(Path::new(from));
             }
             other => return Err(format!("gpu-check: unknown argument {other:?}\n{USAGE}")),
         }
@@ -67,19 +74,11 @@ pub fn gpu_check(args: &[String]) -> Result<(), String> {
     )?;
 
     let out = root.join(OUT_DIR);
-    // An earlier device call's kernel cache, put here to warm the next call (run.sh unpacks
-    // it), is kept across rebuilds.
-    let carried_cache = out.join(CARRIED_CACHE);
-    let cache = std::fs::read(&carried_cache).ok();
     if out.exists() {
         std::fs::remove_dir_all(&out)
             .map_err(|e| format!("cannot clear {}: {e}", out.display()))?;
     }
     std::fs::create_dir_all(&out).map_err(|e| format!("cannot create {}: {e}", out.display()))?;
-    if let Some(cache) = &cache {
-        std::fs::write(&carried_cache, cache)
-            .map_err(|e| format!("cannot keep {}: {e}", carried_cache.display()))?;
-    }
     let crate_dir = root.join("crates").join(PACKAGE);
     let files = [
         (target.join("release").join(PACKAGE), PACKAGE),
@@ -90,17 +89,28 @@ pub fn gpu_check(args: &[String]) -> Result<(), String> {
         ),
         (crate_dir.join("gpt2_torch.py"), "gpt2_torch.py"),
     ];
-    let mut total = cache.as_ref().map_or(0, |c| c.len() as u64);
+    let mut total = 0;
     for (from, name) in files {
         total += copy_executable(&from, &out.join(name))?;
     }
+    // What the binary was built from, beside it: run.sh tags the pack it writes with it, and
+    // drops from the pack it starts from what no longer matches.
+    let build_tag = kernel_pack::build_tag(&root)?;
+    std::fs::write(out.join("build-tag"), &build_tag)
+        .map_err(|e| format!("cannot write {}/build-tag: {e}", out.display()))?;
+    let pack = root.join(kernel_pack::COMMITTED);
+    // The working tree travels with every call (the committed kernel pack with it), and
+    // target-gpu/ beside it.
+    let tree = working_tree_bytes(&root)?;
     let binary = std::fs::metadata(out.join(PACKAGE)).map_or(0, |m| m.len());
-    // The working tree travels too (a few MiB): keep a quarter of the limit for it.
-    if total > CARRY_LIMIT / 4 * 3 {
+    if tree + total > CARRY_LIMIT - (1 << 20) {
         return Err(format!(
-            "{OUT_DIR}/ holds {} MiB: too close to the device tool's {} MiB limit on what it \
-             carries (the working tree counts too)",
+            "{OUT_DIR}/ ({} MiB) and the working tree ({} MiB, the kernel pack's {} MiB \
+             included) come within 1 MiB of the device tool's {} MiB limit on what a call \
+             carries: import a smaller kernel pack",
             total >> 20,
+            tree >> 20,
+            dir_bytes(&pack) >> 20,
             CARRY_LIMIT >> 20
         ));
     }
@@ -114,32 +124,72 @@ pub fn gpu_check(args: &[String]) -> Result<(), String> {
     }
     println!(
         "\nxtask: {OUT_DIR}/ is ready: {PACKAGE} ({:.1} MiB, stripped, CUDA bindings \
-         {cuda_version}), run.sh, fused_adamw_torch.py, gpt2_torch.py; {:.1} MiB in all.\n\
+         {cuda_version}) and its build-tag, run.sh, fused_adamw_torch.py, gpt2_torch.py; {:.1} \
+         MiB carried with the working tree.\n\
+         {}.\n\
          \n\
-         Run the core and the device suites with one call of the device tool (their checks' \
-         limits add up to 540 s; one machine start for both; results come back in out/core/ \
-         and out/device/ as results.jsonl, gpu-check.md and gpu-check.log; read the libraries, \
-         nccl-w1 and ddp-step/address lines first):\n\
-         \n    run(command=\"bash {OUT_DIR}/run.sh both\", carry=[\"{OUT_DIR}\"], timeout_s={BOTH_TIMEOUT_S})\n\
-         \nthen, if device time is left (15 minutes in all, machine starts included), the \
-         end-to-end GPT-2 124M comparison with PyTorch (gpt-f32, gpt-bf16, torch-gpt; 300 s \
-         of limits):\n\
-         \n    run(command=\"bash {OUT_DIR}/run.sh gpt\", carry=[\"{OUT_DIR}\"], timeout_s={CALL_TIMEOUT_S})\n\
-         \nA suite alone: `run.sh core` or `run.sh device`, timeout_s={CALL_TIMEOUT_S}.\n\
-         \nEach suite packs cubecl's compiled kernels and autotune results into its results \
-         folder (cubecl-cache.tar.gz): copy it into {OUT_DIR}/ (kept across rebuilds{}) and the \
-         next call starts warm.\n",
+         The first run of a session (GPT-2 end to end: PyTorch's reference, the timed DDP step, \
+         gpt on Burn's Cuda, two and three ranks on one GPU, bf16, as the deadline allows):\n\
+         \n    run(command=\"bash {OUT_DIR}/run.sh e2e\", carry=[\"{OUT_DIR}\"], timeout_s={CALL_TIMEOUT_S})\n\
+         \nOther suites: core, device, both, gpt, sanitize, or checks by name (run.sh's usage). \
+         Everything comes back in out/: results.jsonl, gpu-check.md, gpu-check.log and \
+         kernel-pack/. Keep the pack for the next call and session, then commit it:\n\
+         \n    cargo xtask gpu-check --import-pack <files_at>/kernel-pack\n",
         binary as f64 / (1 << 20) as f64,
-        total as f64 / (1 << 20) as f64,
-        match &cache {
-            Some(cache) => format!(
-                "; one is there now, {:.1} MiB",
-                cache.len() as f64 / (1 << 20) as f64
-            ),
-            None => String::new(),
-        },
+        (total + tree) as f64 / (1 << 20) as f64,
+        kernel_pack::status(&pack, &build_tag),
     );
     Ok(())
+}
+
+/// `--import-pack DIR`: a returned pack, checked, into the committed place.
+fn import_pack(from: &Path) -> Result<(), String> {
+    let root = crate::workspace_root();
+    let to = root.join(kernel_pack::COMMITTED);
+    let said = kernel_pack::import(from, &to)?;
+    let build_tag = kernel_pack::build_tag(&root)?;
+    println!(
+        "xtask: kernel pack imported into {}: {said}.\n{}.\nCommit it: git add {}",
+        kernel_pack::COMMITTED,
+        kernel_pack::status(&to, &build_tag),
+        kernel_pack::COMMITTED
+    );
+    Ok(())
+}
+
+/// The bytes of what the device tool sends of the checkout: the files git tracks and the
+/// untracked ones it does not ignore.
+fn working_tree_bytes(root: &Path) -> Result<u64, String> {
+    let listed = Command::new("git")
+        .current_dir(root)
+        .args([
+            "ls-files",
+            "-z",
+            "--cached",
+            "--others",
+            "--exclude-standard",
+        ])
+        .output()
+        .map_err(|e| format!("git ls-files: {e}"))?;
+    Ok(listed
+        .stdout
+        .split(|&b| b == 0)
+        .filter(|name| !name.is_empty())
+        .filter_map(|name| {
+            std::fs::metadata(root.join(String::from_utf8_lossy(name).as_ref())).ok()
+        })
+        .map(|m| m.len())
+        .sum())
+}
+
+/// The bytes of the files directly in `dir` (0 when it does not exist).
+fn dir_bytes(dir: &Path) -> u64 {
+    std::fs::read_dir(dir).map_or(0, |entries| {
+        entries
+            .filter_map(|e| e.ok()?.metadata().ok())
+            .map(|m| m.len())
+            .sum()
+    })
 }
 
 /// Copies `from` to `to` with mode 0755; returns the size.

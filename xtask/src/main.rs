@@ -7,6 +7,7 @@ mod collectives_bench;
 mod gpt;
 mod gpu_check;
 mod host_step;
+mod kernel_pack;
 mod mutants;
 mod prerequisites;
 mod zero3_bench;
@@ -41,9 +42,10 @@ tasks:
   soak [SECS]   8 ranks × 1000 small GPT steps: no hang, resident memory flat (release);
                 then random rank kills in a 3-process job for SECS (default 600): every
                 process ends naming the dead rank, the resume is bitwise (see docs/testing.md)
-  gpu-check [--cuda-version NNNNN]
+  gpu-check [--cuda-version NNNNN] | --import-pack DIR
                 build the GPU device check (release, CUDA feature) into target-gpu/ and
-                print the device command that runs it (see docs/gpu.md)
+                print the device command that runs it; or check the kernel pack a device
+                call returned and put it where it is committed (see docs/gpu.md)
   bench-overhead [ROUNDS]
                 DDP overhead at world size 1: the same transformer step on plain
                 Autodiff<Flex> and under DDP, interleaved ROUNDS times (default 6), release

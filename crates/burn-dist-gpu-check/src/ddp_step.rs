@@ -139,9 +139,7 @@ pub fn run(report: &mut Report, options: &Options) {
         Ok((status, fields)) => report.line("ddp-step/address", status, fields),
         Err(panic) => report.fail("ddp-step/address", format!("panicked: {panic}"), json!({})),
     }
-    let buckets = burn_dist::BucketConfig::new()
-        .with_first_bucket_bytes(FIRST_BUCKET_BYTES)
-        .with_bucket_bytes(BUCKET_BYTES);
+    let buckets = buckets();
     // ZeRO-2 first, on a thread of its own with its own `Ddp` and a deadline: the first H200
     // run (2026-12-04) wrote no zero2 line within the check's limit, and a stuck zero2 must
     // not eat it all. Its phases go to the log. The `Ddp` of the lines after it is built once
@@ -201,7 +199,39 @@ pub fn run(report: &mut Report, options: &Options) {
         Ok(Err(e)) => report.fail("ddp-step/views", e, json!({})),
         Err(panic) => report.fail("ddp-step/views", format!("panicked: {panic}"), json!({})),
     }
-    match guarded(|| measure(report, &mut ddp, &device)) {
+    timed(report, &mut ddp, &device);
+}
+
+/// `ddp-timed`: only the warm-up and the timed comparison, on a `Ddp` of its own. The other
+/// lines of `ddp-step` passed on the GPU (2026-12-04), this one never produced its figure:
+/// run first, it is not held up by them.
+pub fn run_timed(report: &mut Report, options: &Options) {
+    if let Err(e) = check_cuda_runtime() {
+        return report.fail("ddp-step/runtime", e, json!({}));
+    }
+    let device = CudaDevice {
+        index: options.device,
+    };
+    match join(&device, DdpConfig::new().with_buckets(buckets())) {
+        Ok(mut ddp) => timed(report, &mut ddp, &device),
+        Err(e) => report.fail(
+            "ddp-step",
+            format!("joining a group of one: {e}"),
+            json!({}),
+        ),
+    }
+}
+
+/// Bucket caps scaled to the model (see [`FIRST_BUCKET_BYTES`]).
+fn buckets() -> burn_dist::BucketConfig {
+    burn_dist::BucketConfig::new()
+        .with_first_bucket_bytes(FIRST_BUCKET_BYTES)
+        .with_bucket_bytes(BUCKET_BYTES)
+}
+
+/// The `ddp-step/warmup` and `ddp-step` lines.
+fn timed(report: &mut Report, ddp: &mut Ddp, device: &CudaDevice) {
+    match guarded(|| measure(report, ddp, device)) {
         Ok(Ok((status, fields))) => report.line("ddp-step", status, fields),
         Ok(Err(e)) => report.fail("ddp-step", e, json!({})),
         Err(panic) => report.fail("ddp-step", format!("panicked: {panic}"), json!({})),

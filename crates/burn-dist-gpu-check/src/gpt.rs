@@ -1,25 +1,50 @@
-//! `gpt`: the end-to-end comparison of issue 7. GPT-2 124M (`gpt-pretrain --model gpt2-124m`,
-//! vocabulary 50257 padded to 50304) trains for a few steps on the synthetic corpus with our
-//! stack, `Autodiff<DistributedBackend<CudaBackend>>` with the in-place NCCL reducer at world
-//! size 1, in two variants:
-//! - `gpt/burn-dist`: f32 parameters and compute, Burn's AdamW with gpt-pretrain's global-norm
-//!   clipping (Burn has no autocast, and gpt-pretrain's AdamW refuses f16/bf16 parameters,
-//!   which would lose small updates without f32 master weights);
-//! - `gpt/burn-dist-bf16`: bf16 parameters and compute, ZeroAdam with its f32 master weights and
-//!   moments on the GPU (`ZeroAdam::on_device`: the fused kernels, the gradient shard and the
-//!   parameter all-gather in device memory), same clipping.
+//! `gpt`: the end-to-end comparison of issues 7 and 44. GPT-2 124M (`gpt-pretrain --model
+//! gpt2-124m`, vocabulary 50257 padded to 50304) trains on the synthetic corpus with our stack,
+//! `Autodiff<DistributedBackend<X>>` with the in-place NCCL reducer at world size 1, where
+//! `--stack` picks `X`:
+//! - `fusion`: Burn's default `Cuda` (burn-fusion on burn-cuda), what users train with;
+//! - `cube`: burn-cuda without fusion (`CubeBackend`), one kernel per op;
+//!
+//! and `--precision` the rest:
+//! - `f32`: f32 parameters and compute, Burn's AdamW with gpt-pretrain's global-norm clipping
+//!   (Burn has no autocast, and gpt-pretrain's AdamW refuses f16/bf16 parameters, which would
+//!   lose small updates without f32 master weights);
+//! - `bf16`: bf16 parameters and compute, ZeroAdam with its f32 master weights and moments on
+//!   the GPU (`ZeroAdam::on_device`: the fused kernels, the gradient shard and the parameter
+//!   all-gather in device memory), same clipping.
+//!
+//! The run's phases come through gpt-pretrain's observer ([`gpt_pretrain::phases`]):
+//! - `gpt/<stack>-<precision>/first-step`, written as soon as the first step ends: the model's
+//!   build, the first forward, backward and optimizer step, each ended by a device sync (on a
+//!   cold GPU they compile and tune every kernel);
+//! - then `WARMUP` steps more, one step split into forward, backward and optimizer (each ended
+//!   by a sync), and up to `TIMED` timed steps; the check stops early, as after a last step,
+//!   when what `--seconds` leaves would not hold two more steps and the evaluation;
+//! - the final evaluation reads `EVAL_SEQUENCES` windows, one batch of the training shape, so
+//!   that it compiles nothing new (an evaluation over every window ends with a smaller batch,
+//!   whose shapes tune again);
+//! - `gpt/<stack>-<precision>`: the median tokens/s of the timed steps, MFU, the split step,
+//!   the device memory cubecl holds.
+//!
+//! `gpt-profile` runs the same with cubecl's kernel profiling on (every kernel timed, a table
+//! at each device sync, written to [`profile_log`]) for `PROFILED` split steps after the
+//! warm-up, and reports the kernels that took the most time and how much of the steps' wall
+//! time the kernels fill: a GPU that waits for the host shows up as a small fraction.
 //!
 //! `gpt2_torch.py` runs the same shape, batch and sequence length in PyTorch (bf16 autocast,
 //! fused AdamW, SDPA, TF32), and the report puts the lines side by side: tokens/s and MFU by the
 //! same formula.
-//!
-//! Tokens/s is the median over the steps after `WARMUP` (the first steps compile kernels
-//! through NVRTC and autotune).
 
-use burn_dist::{CudaBackend, CudaDevice, DdpConfig, DistributedBackend};
+use std::ops::ControlFlow;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use burn_dist::{CubeResident, CudaBackend, CudaDevice, DdpConfig, DistributedBackend};
 use burn_dist_zero::ZeroAdam;
 use clap::Parser;
+use cubecl::Runtime;
 use gpt_pretrain::cli::Args;
+use gpt_pretrain::phases::{Observer, Phase, PhaseEvent, Split};
 use gpt_pretrain::train::PlaceOptimizer;
 use serde_json::json;
 
@@ -27,68 +52,258 @@ use crate::Options;
 use crate::libraries::check_cuda_runtime;
 use crate::report::{Report, guarded, median};
 
-type B = burn::backend::Autodiff<DistributedBackend<CudaBackend>>;
-
 /// Sequences per step: 16 × 1024 tokens, as in gpt2_torch.py's default.
 const BATCH: usize = 16;
-const STEPS: usize = 13;
-const WARMUP: usize = 3;
-/// H200 SXM dense bf16 tensor-core peak (gpt2_torch.py uses the same figure).
+const CONTEXT: usize = 1024;
+/// Steps after the first that are not timed (kernels still compile and tune on them).
+const WARMUP: u64 = 2;
+/// Timed steps at most, after the warm-up and the split step.
+const TIMED: u64 = 8;
+/// gpt-profile: split steps profiled after the warm-up.
+const PROFILED: u64 = 2;
+/// One batch of the training shape.
+const EVAL_SEQUENCES: usize = BATCH;
+/// Kept at the end of `--seconds`: the evaluation's metrics, dropping the model, the line.
+const MARGIN_S: f64 = 15.0;
+/// H100/H200 SXM dense bf16 tensor-core peak (gpt2_torch.py uses the same figure).
 const PEAK_FLOPS: f64 = 989e12;
+/// How many of the slowest kernels the profile line names.
+const TOP_KERNELS: usize = 12;
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Stack {
+    Fusion,
+    Cube,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Precision {
+    F32,
+    Bf16,
+}
 
 /// One configuration of our stack.
-pub struct Variant {
-    check: &'static str,
-    /// gpt-pretrain flags that differ between the variants.
-    flags: &'static [&'static str],
-    /// Whether ZeroAdam's state goes to the GPU.
-    zero_on_device: bool,
-    precision: &'static str,
-    optimizer: &'static str,
+struct Variant {
+    stack: Stack,
+    precision: Precision,
 }
 
-pub const VARIANTS: [Variant; 2] = [
-    Variant {
-        check: "gpt/burn-dist",
-        flags: &["--optimizer", "adamw"],
-        zero_on_device: false,
-        precision: "f32 parameters and compute (no autocast in Burn)",
-        optimizer: "Burn AdamW, global-norm clipping 1.0",
-    },
-    Variant {
-        check: "gpt/burn-dist-bf16",
-        flags: &["--optimizer", "zero", "--precision", "bf16"],
-        zero_on_device: true,
-        precision: "bf16 parameters and compute, f32 master weights",
-        optimizer: "ZeroAdam on the GPU (fused kernels), global-norm clipping 1.0",
-    },
-];
+impl Variant {
+    fn of(options: &Options) -> Result<Variant, String> {
+        let stack = match options.stack.as_str() {
+            "fusion" => Stack::Fusion,
+            "cube" => Stack::Cube,
+            other => return Err(format!("--stack {other:?}: fusion or cube")),
+        };
+        let precision = match options.precision.as_str() {
+            "f32" => Precision::F32,
+            "bf16" => Precision::Bf16,
+            other => return Err(format!("--precision {other:?}: f32 or bf16")),
+        };
+        Ok(Variant { stack, precision })
+    }
 
-/// Runs `variants` one after the other (run.sh runs each under its own limit: `gpt-f32`,
-/// `gpt-bf16`).
-pub fn run(report: &mut Report, options: &Options, variants: &[Variant]) {
+    fn name(&self) -> String {
+        let stack = match self.stack {
+            Stack::Fusion => "fusion",
+            Stack::Cube => "cube",
+        };
+        let precision = match self.precision {
+            Precision::F32 => "f32",
+            Precision::Bf16 => "bf16",
+        };
+        format!("{stack}-{precision}")
+    }
+
+    /// gpt-pretrain flags that differ between the precisions.
+    fn flags(&self) -> &'static [&'static str] {
+        match self.precision {
+            Precision::F32 => &["--optimizer", "adamw"],
+            Precision::Bf16 => &["--optimizer", "zero", "--precision", "bf16"],
+        }
+    }
+
+    fn describe(&self) -> serde_json::Value {
+        let (precision, optimizer) = match self.precision {
+            Precision::F32 => (
+                "f32 parameters and compute (no autocast in Burn)",
+                "Burn AdamW, global-norm clipping 1.0",
+            ),
+            Precision::Bf16 => (
+                "bf16 parameters and compute, f32 master weights",
+                "ZeroAdam on the GPU (fused kernels), global-norm clipping 1.0",
+            ),
+        };
+        let stack = match self.stack {
+            Stack::Fusion => "Burn's Cuda (burn-fusion on burn-cuda)",
+            Stack::Cube => "burn-cuda without fusion (CubeBackend)",
+        };
+        json!({ "stack": stack, "precision": precision, "optimizer": optimizer })
+    }
+}
+
+/// Where cubecl's profiling tables go for gpt-profile (set before any client exists).
+pub fn profile_log() -> PathBuf {
+    std::env::temp_dir().join(format!(
+        "burn-dist-gpu-check-profile-{}.log",
+        std::process::id()
+    ))
+}
+
+pub fn run(report: &mut Report, options: &Options, profile: bool) {
+    let kind = if profile { "gpt-profile" } else { "gpt" };
+    let variant = match Variant::of(options) {
+        Ok(variant) => variant,
+        Err(e) => return report.fail(kind, e, json!({})),
+    };
+    let check = format!("{kind}/{}", variant.name());
     if let Err(e) = check_cuda_runtime() {
-        for variant in variants {
-            report.fail(variant.check, &e, json!({}));
-        }
-        return;
+        return report.fail(&check, e, json!({}));
     }
-    for variant in variants {
-        match guarded(|| measure(variant, options.device)) {
-            Ok(Ok(fields)) => report.pass(variant.check, fields),
-            Ok(Err(e)) | Err(e) => report.fail(variant.check, e, json!({})),
-        }
+    let started = Instant::now();
+    let measured = guarded(|| match variant.stack {
+        Stack::Fusion => measure::<burn_cuda::Cuda>(report, &check, &variant, options, profile),
+        Stack::Cube => measure::<CudaBackend>(report, &check, &variant, options, profile),
+    });
+    match measured {
+        Ok(Ok(fields)) => report.pass(&check, fields),
+        Ok(Err(e)) | Err(e) => report.fail(
+            &check,
+            e,
+            json!({ "seconds": started.elapsed().as_secs_f64() }),
+        ),
     }
 }
 
-/// Trains `variant` for STEPS steps and returns its line's fields.
-fn measure(variant: &Variant, device_index: usize) -> Result<serde_json::Value, String> {
+/// Watches the run's phases: writes the first-step line, keeps every step's time, asks for the
+/// split steps and stops the run when `--seconds` runs short.
+struct Watch<'r> {
+    report: &'r mut Report,
+    check: String,
+    started: Instant,
+    seconds: Option<f64>,
+    /// Steps split into their parts: the one after the warm-up, or the profiled ones.
+    split: std::ops::RangeInclusive<u64>,
+    /// The last step to run.
+    last: u64,
+    /// (step, seconds, split) of every step.
+    steps: Vec<(u64, f64, Option<Split>)>,
+    /// The first step's phases: (name, seconds at its end since the check started).
+    first: Vec<(&'static str, f64)>,
+    stopped: Option<String>,
+    /// gpt-profile: the profile log's length when the warm-up ended and when the profiled
+    /// steps did.
+    profile_marks: Option<(u64, u64)>,
+    profile: bool,
+}
+
+impl Watch<'_> {
+    fn since_start(&self) -> f64 {
+        self.started.elapsed().as_secs_f64()
+    }
+
+    fn first_step_line(&mut self, took_s: f64) {
+        let mut fields = serde_json::Map::new();
+        for (name, at) in &self.first {
+            fields.insert(format!("{name}_at_s"), json!(at));
+        }
+        fields.insert("first_step_s".into(), json!(took_s));
+        let check = format!("{}/first-step", self.check);
+        self.report.pass(&check, serde_json::Value::Object(fields));
+    }
+
+    /// Whether two more steps and the evaluation (as long as the slowest step after the
+    /// first) still fit in `--seconds`.
+    fn time_is_short(&self) -> Option<String> {
+        let limit = self.seconds?;
+        let later: Vec<f64> = self.steps.iter().skip(1).map(|s| s.1).collect();
+        let step = later.iter().copied().fold(f64::NAN, f64::max);
+        let step = if step.is_nan() { self.steps[0].1 } else { step };
+        let needed = 3.0 * step + MARGIN_S;
+        let left = limit - self.since_start();
+        (left < needed).then(|| {
+            format!(
+                "stopped after step {}: {left:.0} s of its {limit:.0} s were left, and two more \
+                 steps and the evaluation need about {needed:.0} s",
+                self.steps.len()
+            )
+        })
+    }
+}
+
+impl Observer for Watch<'_> {
+    fn observe(&mut self, event: &PhaseEvent) -> ControlFlow<()> {
+        let at = self.since_start();
+        match &event.phase {
+            Phase::ModelBuilt => self.first.push(("model_built", at)),
+            Phase::FirstForward => self.first.push(("first_forward", at)),
+            Phase::FirstBackward => self.first.push(("first_backward", at)),
+            Phase::FirstOptimizerStep => self.first.push(("first_optimizer_step", at)),
+            Phase::Evaluated { .. } => {}
+            Phase::Step { step, split, .. } => {
+                let step = *step;
+                self.steps.push((step, event.took_s, *split));
+                if step == 1 {
+                    self.first_step_line(event.took_s);
+                }
+                if self.profile {
+                    // cubecl writes a table at each device sync. The step before the profiled
+                    // ones is split too, so its last table is written when it ends; the step
+                    // after them is not, so nothing of it is written before it ends.
+                    let length = std::fs::metadata(profile_log()).map_or(0, |m| m.len());
+                    let (first, last) = (*self.split.start() + 1, *self.split.end());
+                    if step == first - 1 {
+                        self.profile_marks = Some((length, length));
+                    } else if step == last + 1
+                        && let Some(marks) = &mut self.profile_marks
+                    {
+                        marks.1 = length;
+                    }
+                }
+                if step >= self.last {
+                    return ControlFlow::Break(());
+                }
+                if let Some(reason) = self.time_is_short() {
+                    self.stopped = Some(reason);
+                    return ControlFlow::Break(());
+                }
+            }
+        }
+        ControlFlow::Continue(())
+    }
+
+    fn split(&self, step: u64) -> bool {
+        self.split.contains(&step)
+    }
+}
+
+/// Trains the variant on backend `X` and returns its line's fields.
+fn measure<X>(
+    report: &mut Report,
+    check: &str,
+    variant: &Variant,
+    options: &Options,
+    profile: bool,
+) -> Result<serde_json::Value, String>
+where
+    X: CubeResident<Runtime = cubecl::cuda::CudaRuntime, Device = CudaDevice>,
+{
+    type Trained<X> = burn::backend::Autodiff<DistributedBackend<X>>;
     let scratch = std::env::temp_dir().join(format!(
         "gpu-check-{}-{}",
-        variant.check.replace('/', "-"),
+        check.replace('/', "-"),
         std::process::id()
     ));
     let metrics = scratch.join("metrics.jsonl");
+    // Steps: the first, the warm-up, then the split step, then the timed ones. gpt-profile: the
+    // first and the warm-up, the last of which is split too (its kernels' tables are then
+    // written when it ends), the profiled split steps, and one step more, unsplit (its end
+    // marks the end of the profiled tables).
+    let (split, last) = if profile {
+        (WARMUP + 1..=WARMUP + 1 + PROFILED, WARMUP + 2 + PROFILED)
+    } else {
+        (WARMUP + 2..=WARMUP + 2, WARMUP + 2 + TIMED)
+    };
     let fixed = [
         "gpt-pretrain",
         "--model",
@@ -103,17 +318,20 @@ fn measure(variant: &Variant, device_index: usize) -> Result<serde_json::Value, 
         "0",
         "--log-every",
         "1",
+        "--phase-log",
         "--no-plot",
     ];
     let args = fixed
         .iter()
-        .chain(variant.flags)
+        .chain(variant.flags())
         .map(|s| s.to_string())
         .chain([
             "--steps".into(),
-            STEPS.to_string(),
+            last.to_string(),
             "--global-batch".into(),
             BATCH.to_string(),
+            "--eval-sequences".into(),
+            EVAL_SEQUENCES.to_string(),
             "--warmup".into(),
             "2".into(),
             "--peak-flops".into(),
@@ -124,40 +342,154 @@ fn measure(variant: &Variant, device_index: usize) -> Result<serde_json::Value, 
             metrics.display().to_string(),
         ]);
     let args = Args::try_parse_from(args).map_err(|e| e.to_string())?;
-    let device = CudaDevice::new(device_index);
-    let on_device =
-        |zero: ZeroAdam, ddp: &burn_dist::Ddp| zero.on_device::<CudaBackend>(ddp, &device);
-    let place: PlaceOptimizer = if variant.zero_on_device {
-        &on_device
-    } else {
-        &|zero, _| Ok(zero)
+    let device = CudaDevice::new(options.device);
+    let on_device = |zero: ZeroAdam, ddp: &burn_dist::Ddp| zero.on_device::<X>(ddp, &device);
+    let place: PlaceOptimizer = match variant.precision {
+        Precision::Bf16 => &on_device,
+        Precision::F32 => &|zero, _| Ok(zero),
     };
-    // Each variant joins (and, dropping its Ddp, leaves) its own world-size-1 group.
-    let mut ddp = crate::ddp_step::join(&device, DdpConfig::new())?;
-    let outcome = gpt_pretrain::train::run_with::<B>(&args, &mut ddp, &device, place);
+    let mut watch = Watch {
+        report,
+        check: check.to_string(),
+        started: Instant::now(),
+        seconds: options.seconds.map(|s| s as f64),
+        split: split.clone(),
+        last,
+        steps: Vec::new(),
+        first: Vec::new(),
+        stopped: None,
+        profile_marks: None,
+        profile,
+    };
+    // Each run joins (and, dropping its Ddp, leaves) its own world-size-1 group.
+    let mut ddp = crate::ddp_step::join_for::<X>(&device, DdpConfig::new())?;
+    let outcome = gpt_pretrain::train::run_observed::<Trained<X>>(
+        &args,
+        &mut ddp,
+        &device,
+        place,
+        Some(&mut watch),
+    );
     drop(ddp);
+    let memory = X::Runtime::client(&device).memory_usage().ok();
     let records = gpt_pretrain::metrics::read(&metrics);
     let _ = std::fs::remove_dir_all(&scratch);
     let (outcome, records) = (outcome?, records?);
-    let timed: Vec<_> = records.iter().skip(WARMUP).collect();
-    if timed.is_empty() {
+    let timed: Vec<f64> = watch
+        .steps
+        .iter()
+        .filter(|(step, _, split)| *step > WARMUP + 1 && split.is_none())
+        .map(|s| s.1)
+        .collect();
+    let split_step = watch.steps.iter().find_map(|s| s.2.filter(|_| s.0 > 1));
+    let mut fields = json!({
+        "batch": BATCH,
+        "context": CONTEXT,
+        "steps": watch.steps.len(),
+        "steps_timed": timed.len(),
+        "first_step_s": watch.steps.first().map(|s| s.1),
+        "final_loss": outcome.final_loss,
+        "val_loss": outcome.final_val_loss,
+        "eval_sequences": EVAL_SEQUENCES,
+        "peak_flops": PEAK_FLOPS,
+        "stopped_early": watch.stopped,
+        "device_bytes_reserved": memory.as_ref().map(|m| m.bytes_reserved),
+        "seconds": watch.since_start(),
+    });
+    merge(&mut fields, variant.describe());
+    // A profiled run's times are the profiler's: its line gives kernels, not a rate.
+    if let Some(split) = split_step.filter(|_| !profile) {
+        merge(
+            &mut fields,
+            json!({
+                "split_forward_s": split.forward_s,
+                "split_backward_s": split.backward_s,
+                "split_optimizer_s": split.optimizer_s,
+            }),
+        );
+    }
+    if !timed.is_empty() && !profile {
+        let step_s = median(&timed);
+        let tokens_per_s = (BATCH * CONTEXT) as f64 / step_s;
+        let flops_per_token = records
+            .first()
+            .map_or(f64::NAN, |r| r.flops_per_s / r.tokens_per_s);
+        merge(
+            &mut fields,
+            json!({
+                "tokens_per_s": tokens_per_s,
+                "step_ms": step_s * 1e3,
+                "mfu": flops_per_token * tokens_per_s / PEAK_FLOPS,
+            }),
+        );
+    }
+    if profile {
+        let (from, to) = watch.profile_marks.unwrap_or((0, 0));
+        let profiled: Vec<f64> = watch
+            .steps
+            .iter()
+            .filter(|s| s.0 > *split.start() && s.0 <= *split.end())
+            .map(|s| s.1)
+            .collect();
+        merge(&mut fields, kernels_profiled(from, to, &profiled)?);
+        let _ = std::fs::remove_file(profile_log());
+    } else if timed.is_empty() {
         return Err(format!(
-            "no step after the {WARMUP} warm-up steps was recorded"
+            "no timed step: {} steps in {:.0} s (the first took {:.1} s){}",
+            watch.steps.len(),
+            watch.since_start(),
+            watch.steps.first().map_or(f64::NAN, |s| s.1),
+            watch
+                .stopped
+                .as_ref()
+                .map_or(String::new(), |s| format!("; {s}"))
         ));
     }
-    let tokens: Vec<f64> = timed.iter().map(|r| r.tokens_per_s).collect();
-    let tokens_per_s = median(&tokens);
-    let flops_per_token = timed[0].flops_per_s / timed[0].tokens_per_s;
+    Ok(fields)
+}
+
+fn merge(into: &mut serde_json::Value, from: serde_json::Value) {
+    if let (Some(into), serde_json::Value::Object(from)) = (into.as_object_mut(), from) {
+        into.extend(from);
+    }
+}
+
+/// The kernels of the profile log between byte offsets `from` and `to` (the profiled steps,
+/// whose wall times are `wall_s`): the slowest, their share, and how much of the steps' wall
+/// time all kernels together fill.
+fn kernels_profiled(from: u64, to: u64, wall_s: &[f64]) -> Result<serde_json::Value, String> {
+    let path = profile_log();
+    let text = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let (from, to) = (from as usize, (to as usize).min(text.len()));
+    let text = String::from_utf8_lossy(&text[from.min(to)..to]);
+    let kernels = crate::profile::Kernels::parse(&text);
+    if kernels.tables == 0 {
+        return Err(format!(
+            "cubecl wrote no profiling table into {} during the profiled steps ({from}..{to})",
+            path.display()
+        ));
+    }
+    let wall: f64 = wall_s.iter().sum();
+    let total = kernels.total_s();
+    let top: Vec<serde_json::Value> = kernels
+        .slowest(TOP_KERNELS)
+        .iter()
+        .map(|k| {
+            json!({
+                "kernel": k.name.chars().take(120).collect::<String>(),
+                "seconds_per_step": k.seconds / wall_s.len().max(1) as f64,
+                "launches_per_step": k.launches as f64 / wall_s.len().max(1) as f64,
+                "share_of_kernel_time": k.seconds / total,
+            })
+        })
+        .collect();
     Ok(json!({
-        "tokens_per_s": tokens_per_s,
-        "mfu": flops_per_token * tokens_per_s / PEAK_FLOPS,
-        "step_ms": (BATCH * 1024) as f64 / tokens_per_s * 1e3,
-        "batch": BATCH,
-        "context": 1024,
-        "steps_timed": timed.len(),
-        "final_loss": outcome.final_loss,
-        "peak_flops": PEAK_FLOPS,
-        "precision": variant.precision,
-        "optimizer": variant.optimizer,
+        "profiled_steps": wall_s.len(),
+        "profile_tables": kernels.tables,
+        "kernel_s_per_step": total / wall_s.len().max(1) as f64,
+        "wall_s_per_step": wall / wall_s.len().max(1) as f64,
+        "kernel_fraction_of_wall": total / wall,
+        "kernel_launches_per_step": kernels.launches() as f64 / wall_s.len().max(1) as f64,
+        "slowest_kernels": top,
     }))
 }

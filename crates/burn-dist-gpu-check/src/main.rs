@@ -1,7 +1,8 @@
 //! The GPU device check of burn-dist, one binary carried to the GPU machine (see docs/gpu.md).
 //!
 //! ```text
-//! burn-dist-gpu-check <check> [--out FILE] [--device N] [--elements N]
+//! burn-dist-gpu-check <check> [--out FILE] [--device N] [--elements N] [--cache DIR]
+//!                             [--seconds S] [--stack fusion|cube] [--precision f32|bf16]
 //!   nccl-w1     NcclCommunicator at world size 1 through a loopback TCP store: every
 //!               collective x dtype (f32, f16, bf16, u8) against the host reference
 //!   kernels     burn-dist-kernels' kernel checks on cubecl's CUDA runtime, bf16 included
@@ -9,11 +10,16 @@
 //!               next to a device copy and Burn's stock AdamW on burn-cuda
 //!   ddp-step    a transformer training step with the in-place NCCL reducer at world size 1
 //!               against the same backend unsynchronized: overhead, parameters equal
+//!   ddp-timed   only the timed part of ddp-step (warm-up and the interleaved timed steps)
 //!   device-path Burn's `Cuda` (fusion on) with the device reducer against plain `Cuda`, and
 //!               ZeroAdam's in-place step against its host path: scalars only cross
-//!   gpt-f32     GPT-2 124M training steps with our stack in f32 (tokens/s, MFU), for the
-//!               comparison with gpt2_torch.py
-//!   gpt-bf16    the same in bf16 with ZeroAdam on the GPU (gpt: both, one after the other)
+//!   ranks       two and three ranks on one GPU (threads as ranks, staged collectives): DDP,
+//!               ZeRO-2 and ZeRO-3 against one rank with the whole batch, f32 and bf16
+//!   gpt         GPT-2 124M training steps with our stack (--stack fusion: Burn's `Cuda`,
+//!               cube: burn-cuda without fusion; --precision f32 | bf16): the first step's
+//!               phases, tokens/s, MFU and one step split, for the comparison with
+//!               gpt2_torch.py; it plans its steps within --seconds
+//!   gpt-profile the same with cubecl's profiling on: the kernels that take the time
 //!   versions    NVRTC's and the driver's CUDA versions as loaded (for run.sh), one line
 //! ```
 //!
@@ -25,6 +31,7 @@
 
 use std::process::ExitCode;
 
+mod profile;
 mod report;
 
 #[cfg(feature = "cuda")]
@@ -41,10 +48,13 @@ mod kernels;
 mod libraries;
 #[cfg(feature = "cuda")]
 mod nccl_w1;
+#[cfg(feature = "cuda")]
+mod ranks;
 
 const USAGE: &str = "\
-usage: burn-dist-gpu-check <nccl-w1 | kernels | fused-step | ddp-step | device-path | gpt-f32 | gpt-bf16 | gpt | versions>
-           [--out FILE] [--device N] [--elements N] [--cache DIR]
+usage: burn-dist-gpu-check <nccl-w1 | kernels | fused-step | ddp-step | ddp-timed | device-path | ranks | gpt | gpt-profile | versions>
+           [--out FILE] [--device N] [--elements N] [--cache DIR] [--seconds S]
+           [--stack fusion|cube] [--precision f32|bf16]
 
   nccl-w1     NCCL communicator at world size 1 (loopback store), every collective x dtype
   kernels     the fused-kernel checks on the CUDA runtime, bf16 included
@@ -52,14 +62,18 @@ usage: burn-dist-gpu-check <nccl-w1 | kernels | fused-step | ddp-step | device-p
               Burn's AdamW
   ddp-step    transformer step with the in-place NCCL reducer (world size 1) vs without:
               overhead, and the parameters agree
+  ddp-timed   only ddp-step's timed comparison (warm-up, then interleaved timed steps)
   device-path Burn's Cuda (fusion on) on the device path vs plain Cuda; ZeroAdam in device
               memory vs its host path, host<->device bytes per step
-  gpt-f32     GPT-2 124M training steps with our stack, f32: tokens/s and MFU
-  gpt-bf16    the same, bf16 parameters and ZeroAdam on the GPU (gpt: both)
+  ranks       2 and 3 ranks on one GPU (threads, staged collectives) vs 1 rank, whole batch
+  gpt         GPT-2 124M steps with our stack (--stack fusion|cube, --precision f32|bf16):
+              first-step phases, tokens/s, MFU, one step split; plans within --seconds
+  gpt-profile the same with cubecl's kernel profiling: which kernels take the time
   versions    prints nvrtc=X.Y driver=X.Y as this binary loads them (none, stub)
 
 Results: one JSON line per result, appended to --out (default gpu-check.jsonl). --cache DIR:
-cubecl keeps compiled kernels and autotune results there, for the next checks of the call.";
+cubecl keeps compiled kernels and autotune results there, for the next checks of the call.
+--seconds S: the check's limit (run.sh's), within which it plans its steps.";
 
 /// The fused step's default size: 2^28 f32 (10 GB moved per step, far past the caches). At
 /// 2^30 the host-side set-up (random state tiled to the length, then uploaded) took most of
@@ -76,6 +90,11 @@ pub struct Options {
     /// Where cubecl keeps compiled kernels (PTX) and autotune results between the checks of
     /// one device call (`--cache DIR`; none: every check compiles and tunes cold).
     pub cache: Option<std::path::PathBuf>,
+    /// The check's limit (`--seconds`, run.sh's), for the checks that plan within it.
+    pub seconds: Option<u64>,
+    /// `--stack` and `--precision` of the gpt checks, checked there.
+    pub stack: String,
+    pub precision: String,
 }
 
 fn parse(args: &[String]) -> Result<(String, Options), String> {
@@ -85,6 +104,9 @@ fn parse(args: &[String]) -> Result<(String, Options), String> {
         device: 0,
         elements: DEFAULT_ELEMENTS,
         cache: None,
+        seconds: None,
+        stack: "fusion".into(),
+        precision: "f32".into(),
     };
     let mut rest = args[1..].iter();
     while let Some(flag) = rest.next() {
@@ -99,6 +121,9 @@ fn parse(args: &[String]) -> Result<(String, Options), String> {
             "--device" => options.device = number()?,
             "--elements" => options.elements = number()?,
             "--cache" => options.cache = Some(value.into()),
+            "--seconds" => options.seconds = Some(number()? as u64),
+            "--stack" => options.stack = value.clone(),
+            "--precision" => options.precision = value.clone(),
             other => return Err(format!("unknown option {other:?}")),
         }
     }
@@ -132,8 +157,9 @@ fn run(check: &str, options: &Options) -> ExitCode {
         println!("{}", libraries::versions());
         return ExitCode::SUCCESS;
     }
-    if let Some(dir) = &options.cache {
-        keep_kernels_in(dir);
+    let profile = check == "gpt-profile";
+    if options.cache.is_some() || profile {
+        configure_cubecl(options.cache.as_deref(), profile);
     }
     let mut report = match report::Report::open(&options.out) {
         Ok(report) => report,
@@ -150,10 +176,11 @@ fn run(check: &str, options: &Options) -> ExitCode {
         "kernels" => kernels::run(&mut report, options),
         "fused-step" => fused_step::run(&mut report, options),
         "ddp-step" => ddp_step::run(&mut report, options),
+        "ddp-timed" => ddp_step::run_timed(&mut report, options),
         "device-path" => device_path::run(&mut report, options),
-        "gpt" => gpt::run(&mut report, options, &gpt::VARIANTS),
-        "gpt-f32" => gpt::run(&mut report, options, &gpt::VARIANTS[..1]),
-        "gpt-bf16" => gpt::run(&mut report, options, &gpt::VARIANTS[1..]),
+        "ranks" => ranks::run(&mut report, options),
+        "gpt" => gpt::run(&mut report, options, false),
+        "gpt-profile" => gpt::run(&mut report, options, true),
         other => {
             eprintln!("burn-dist-gpu-check: unknown check {other:?}\n{USAGE}");
             return ExitCode::from(2);
@@ -168,15 +195,24 @@ fn run(check: &str, options: &Options) -> ExitCode {
 
 /// cubecl compiles every kernel with NVRTC and autotunes matmuls and fusion in each process,
 /// and keeps neither by default (cubecl-runtime 0.10 `config/compilation.rs`: `cache: None`).
-/// The checks of one device call are processes of this binary, so with a directory they share,
-/// only the first to need a kernel compiles it, and a tuned shape is not tuned again. Set
-/// before any cubecl client exists (cubecl reads its configuration once).
+/// The checks of one device call are processes of this binary, so with a `cache` directory
+/// they share, only the first to need a kernel compiles it, and a tuned shape is not tuned
+/// again. With `profile`, cubecl also times every kernel and writes a table of them at each
+/// device sync into [`gpt::profile_log`] (gpt-profile reads it). Set before any cubecl client
+/// exists (cubecl reads its configuration once).
 #[cfg(feature = "cuda")]
-fn keep_kernels_in(dir: &std::path::Path) {
+fn configure_cubecl(cache: Option<&std::path::Path>, profile: bool) {
     use cubecl::config::cache::CacheConfig;
     use cubecl::config::{CubeClRuntimeConfig, RuntimeConfig};
     let mut config = CubeClRuntimeConfig::from_current_dir();
-    config.compilation.cache = Some(CacheConfig::File(dir.join("compilation")));
-    config.autotune.cache = CacheConfig::File(dir.join("autotune"));
+    if let Some(dir) = cache {
+        config.compilation.cache = Some(CacheConfig::File(dir.join("compilation")));
+        config.autotune.cache = CacheConfig::File(dir.join("autotune"));
+    }
+    if profile {
+        config.profiling.logger.file = Some(gpt::profile_log());
+        config.profiling.logger.append = true;
+        config.profiling.logger.level = cubecl::config::profiling::ProfilingLogLevel::Basic;
+    }
     CubeClRuntimeConfig::set(config.override_from_env());
 }

@@ -6,6 +6,9 @@
 use burn::tensor::ElementConversion;
 pub use burn_dist_models::*;
 
+#[cfg(feature = "device")]
+pub mod one_device;
+
 /// Every float tensor's values as f32, in visit order.
 pub use burn_dist_models::step::float_params as parameters;
 
