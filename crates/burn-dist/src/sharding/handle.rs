@@ -162,14 +162,14 @@ impl<B: Backend> ParamHandle<B> {
     /// Gathers the parameter from every rank's piece and replays the views: `B`'s tensor, for
     /// an op (live until it returns) or a read.
     ///
-    /// Panics with [`DistError::RecordOnRankZero`] for a handle that stands in rank 0's record.
+    /// Fails (unwinds) with [`DistError::RecordOnRankZero`] for a handle that stands in rank 0's
+    /// record.
     pub(crate) fn materialize(self, wanted: Use) -> B::FloatTensorPrimitive {
         if self.saved_piece.is_some() {
-            let error = DistError::RecordOnRankZero {
+            crate::error::fail_op(DistError::RecordOnRankZero {
                 rank: self.shards.rank(),
                 name: self.shards.info(self.index).name.clone(),
-            };
-            panic!("burn-dist: {error}");
+            });
         }
         let full = self
             .shards

@@ -129,7 +129,7 @@ where
                     tensor.dims(),
                     info.shape
                 ));
-                panic!("burn-dist: {error}");
+                crate::error::fail_op(error);
             }
             shards.write_piece(index, tensor.into_data());
         }

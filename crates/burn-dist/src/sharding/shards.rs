@@ -365,7 +365,8 @@ impl ParamShards {
     /// wanted for an op ([`Use::Op`]) inside one, it is held by the op's frame and live until
     /// the op returns.
     ///
-    /// Ops cannot return errors, so a failed gather panics with [`DistError::Gather`], which
+    /// Ops cannot return errors, so a failed gather unwinds with [`DistError::Gather`] (written
+    /// once on stderr first, with no backtrace: `error::fail_op`), which
     /// names the parameter, this rank and the cause (for diverged ranks: the other rank's
     /// parameter too); the group is aborted, so every peer fails at its next collective.
     pub(crate) fn gather<B: Backend>(
@@ -426,11 +427,10 @@ impl ParamShards {
     }
 
     /// A gather of parameter `index` failed: recorded as this rank's failure, and the op
-    /// panics with it (ops cannot return errors).
+    /// fails with it (ops cannot return errors: `error::fail_op`).
     fn failed(&self, index: usize, source: CommError) -> ! {
         self.state().failure.get_or_insert((index, source.clone()));
-        let error = self.gather_error(index, source);
-        panic!("burn-dist: {error}");
+        crate::error::fail_op(self.gather_error(index, source))
     }
 
     /// The backend's tensor of parameter `index` from its gathered part.
