@@ -15,7 +15,8 @@ pub struct Failure {
     pub rank: u64,
     pub pid: u32,
     pub status: ExitStatus,
-    /// The last line it wrote on its stderr, if any.
+    /// The last line of its own it wrote on its stderr (not a panic's notes or backtrace:
+    /// `output::ErrorLines`), if any.
     pub last_error: Option<String>,
 }
 

@@ -18,7 +18,7 @@ use crate::waiter;
 /// A started rank.
 pub struct Spawned {
     pub child: Child,
-    /// The last line it wrote on its stderr so far.
+    /// The last line of its own it wrote on its stderr so far (`output::ErrorLines`).
     pub last_error: LastLine,
 }
 

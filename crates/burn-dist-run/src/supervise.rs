@@ -48,7 +48,7 @@ struct Rank {
     open_outputs: u8,
     /// The last signal the launcher sent while the rank was still running.
     stopped_with: Option<i32>,
-    /// The last line of its stderr.
+    /// The last line of its own on its stderr (`output::ErrorLines`).
     last_error: LastLine,
 }
 

@@ -90,6 +90,31 @@ fn a_failure_that_repeats_itself_stops_the_restarts() {
     assert_eq!(count(&launch, "exiting with code 3"), 1);
 }
 
+/// A rank that ends in a panic with its backtrace (as Rust's hook writes it under
+/// `RUST_BACKTRACE=1`): the restart notice and the summary quote the panic's message, not the
+/// backtrace's closing note, which ends every panic alike.
+#[test]
+fn the_restart_line_quotes_a_panics_message_not_its_backtrace() {
+    let script = r#"printf '%s\n' "thread 'main' panicked at src/main.rs:3:5:" \
+            "rank $RANK start $BURN_DIST_RESTART_COUNT: the real error" 'stack backtrace:' \
+            '   0: __rustc::rust_begin_unwind' \
+            '             at /rustc/1/library/std/src/panicking.rs:697:5' \
+            'note: Some details are omitted, run with `RUST_BACKTRACE=full` for a verbose backtrace.' >&2
+        [ "$BURN_DIST_RESTART_COUNT" = 1 ] || exit 101"#;
+    let mut launch = Launch::spawn(&sh(&["--max-restarts", "1"], script), &[]);
+    let status = launch.wait_exit(within(60));
+    assert!(status.success(), "{}", launch.transcript());
+    let quoted =
+        "failed first: exited with code 101 (last error line: `rank 0 start 0: the real error`)";
+    assert_eq!(
+        count(&launch, quoted),
+        2,
+        "the restart notice and the summary quote the message:\n{}",
+        launch.transcript()
+    );
+    assert_eq!(count(&launch, "(last error line: `note: "), 0);
+}
+
 /// Without `--max-restarts`, a failure ends the job as before.
 #[test]
 fn no_restart_without_max_restarts() {

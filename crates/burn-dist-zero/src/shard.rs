@@ -273,7 +273,9 @@ impl Shard {
         }
     }
 
-    pub(crate) fn import(&mut self, shard: OptimizerShard) -> Result<()> {
+    /// Whether [`Shard::import`] takes `shard`, checked with nothing changed: this rank's
+    /// layout, and on the device path one step count for every parameter.
+    pub(crate) fn check_import(&self, shard: &OptimizerShard) -> Result<()> {
         if shard.layout != self.layout || shard.rank != self.comm.rank() {
             return Err(ZeroError::ShardMismatch {
                 rank: shard.rank,
@@ -286,7 +288,16 @@ impl Shard {
         }
         #[cfg(feature = "device")]
         if self.device.is_some() {
-            // Checked before anything changes.
+            self.uniform_step_count(&shard.time)?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn import(&mut self, shard: OptimizerShard) -> Result<()> {
+        // Checked before anything changes.
+        self.check_import(&shard)?;
+        #[cfg(feature = "device")]
+        if self.device.is_some() {
             let steps = self.uniform_step_count(&shard.time)?;
             if let Some(device) = self.device.as_mut() {
                 device.load(&shard.master, &shard.m, &shard.v, steps)?;

@@ -135,6 +135,12 @@ impl ZeroAdam {
         self.lock().import(shard)
     }
 
+    /// Whether [`ZeroAdam::import`] would take `shard`, with nothing changed (a checkpoint's
+    /// load asks before any rank changes anything).
+    pub(crate) fn check_import(&self, shard: &OptimizerShard) -> Result<()> {
+        self.lock().check_import(shard)
+    }
+
     /// Steps skipped so far because a gradient was not finite.
     pub fn skipped_steps(&self) -> u64 {
         self.lock().skipped_steps()

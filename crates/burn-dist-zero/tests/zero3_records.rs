@@ -3,19 +3,28 @@
 //! (each parameter, and the optimizer state, gathered to rank 0), a rank that tries to encode
 //! its own is told so by name, and rank 0's records load at another world size into a model
 //! that stays sharded and trains on as the uninterrupted run does. A parameter's own record
-//! transformations (Burn's column-major `Linear` transposes its weight) still apply.
+//! transformations (Burn's column-major `Linear` transposes its weight) still apply. A record
+//! kept in memory and loaded back into the same model (rolling back to the best model) restores
+//! every rank's piece: the model ends where stage 2 ends, bit for bit.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use burn::backend::Autodiff;
 use burn::module::Module;
-use burn::nn::{LinearConfig, LinearLayout};
+use burn::nn::transformer::{
+    TransformerEncoder, TransformerEncoderConfig, TransformerEncoderInput,
+};
+use burn::nn::{Linear, LinearConfig, LinearLayout};
 use burn::optim::Optimizer;
 use burn::record::{BinBytesRecorder, FullPrecisionSettings, Recorder};
-use burn_dist::{Ddp, DdpConfig, DistributedBackend, Sharded};
+use burn::tensor::Tensor;
+use burn::tensor::backend::Backend;
+use burn_dist::{Ddp, DdpConfig, DistributedAutodiff, DistributedBackend, Sharded};
 use burn_dist_comm::testing::run_ranks;
 use burn_dist_comm::{CommConfig, HostCommunicator};
-use burn_dist_testing::{MLP_SIZES, Mlp, assert_close, parameters, shard_rows, synthetic_rows};
+use burn_dist_testing::{
+    DeterministicInit, MLP_SIZES, Mlp, assert_close, parameters, shard_rows, synthetic_rows,
+};
 use burn_dist_zero::{ZeroAdam, ZeroAdamConfig};
 use burn_flex::{Flex, FlexDevice};
 
@@ -300,6 +309,145 @@ fn a_column_major_linear_keeps_burns_own_record_transformations_at_stage_3() {
                 *again == bytes,
                 "prepared again, the Linear records other bytes"
             );
+        }
+    }
+}
+
+/// Models of burn-nn, which this repository did not write, with seeded values so that every
+/// run starts alike.
+#[derive(Debug, Clone, Copy)]
+enum BurnModel {
+    /// `TransformerEncoder`: attention, feed-forward, layer norms (no dropout).
+    Encoder,
+    /// A column-major `Linear`, whose weight's own record transformations transpose it.
+    ColumnMajorLinear,
+}
+
+/// A [`BurnModel`] and its forward on `[batch, sequence, 16]`.
+#[derive(Module, Debug)]
+enum Net<B: Backend> {
+    Encoder(TransformerEncoder<B>),
+    Linear(Linear<B>),
+}
+
+impl<B: Backend> Net<B> {
+    fn new(which: BurnModel) -> Self {
+        let seeded = DeterministicInit::new(11);
+        match which {
+            BurnModel::Encoder => Net::Encoder(
+                TransformerEncoderConfig::new(16, 32, 2, 2)
+                    .with_dropout(0.0)
+                    .init::<B>(&Default::default())
+                    .map(&mut { seeded }),
+            ),
+            BurnModel::ColumnMajorLinear => Net::Linear(
+                LinearConfig::new(16, 16)
+                    .with_layout(LinearLayout::Col)
+                    .init::<B>(&Default::default())
+                    .map(&mut { seeded }),
+            ),
+        }
+    }
+
+    fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+        match self {
+            Net::Encoder(encoder) => encoder.forward(TransformerEncoderInput::new(x)),
+            Net::Linear(linear) => linear.forward(x),
+        }
+    }
+}
+
+/// What one rank of [`roll_back`] saw: the parameters when the record was taken, just before
+/// it was loaded back, and after; and the loss of a held-out batch on the loaded model.
+struct RolledBack {
+    at_record: Vec<Vec<f32>>,
+    before_load: Vec<Vec<f32>>,
+    loaded: Vec<Vec<f32>>,
+    held_out_loss: Vec<f32>,
+}
+
+/// "Roll back to the best model" on `world` ranks with ZeroAdam at `stage`: train 2 steps, keep
+/// `model.clone().into_record()` in memory, train 2 more, load the record back.
+fn roll_back<B: DistributedAutodiff<Device = FlexDevice>>(
+    which: BurnModel,
+    world: usize,
+    stage: u8,
+) -> Vec<RolledBack> {
+    const SEQUENCE: usize = 3;
+    let batch = |step: usize, rows: std::ops::Range<usize>| {
+        let shape = [GLOBAL_BATCH, SEQUENCE, 16];
+        let x = synthetic_rows::<B, 3>(0, step, shape, rows.clone(), &FlexDevice);
+        let y = synthetic_rows::<B, 3>(1, step, shape, rows, &FlexDevice);
+        (x, y)
+    };
+    run_ranks(
+        HostCommunicator::local_group(world, &CommConfig::default()),
+        |rank, comm| {
+            let mut ddp = Ddp::for_thread(comm, DdpConfig::new());
+            let mut model = B::prepare_model(&mut ddp, Net::<B>::new(which)).unwrap();
+            let mut zero = ZeroAdamConfig::new()
+                .with_stage(stage)
+                .init::<B, _>(&ddp, &model)
+                .unwrap();
+            let rows = shard_rows(GLOBAL_BATCH, rank, world);
+            let (mut kept, mut at_record) = (None, Vec::new());
+            for step in 0..4 {
+                if step == 2 {
+                    kept = Some(model.clone().into_record());
+                    at_record = parameters::<B, _>(&model);
+                }
+                let (x, y) = batch(step, rows.clone());
+                let loss = (model.forward(x) - y).powi_scalar(2).mean();
+                let grads = ddp.backward(loss, &model).unwrap().unwrap();
+                model = zero.step(1e-2, model, grads, &ddp).unwrap().0;
+            }
+            let before_load = parameters::<B, _>(&model);
+            let model = ddp.mark(model.load_record(kept.expect("kept at step 2")));
+            let (x, y) = batch(1_000, rows);
+            let held_out_loss = (model.forward(x) - y).powi_scalar(2).mean();
+            RolledBack {
+                at_record,
+                before_load,
+                loaded: parameters::<B, _>(&model),
+                held_out_loss: held_out_loss.into_data().to_vec().unwrap(),
+            }
+        },
+    )
+}
+
+#[test]
+fn a_record_kept_in_memory_and_loaded_back_at_stage_3_ends_bitwise_as_at_stage_2() {
+    type Stage2 = Autodiff<DistributedBackend<Flex>>;
+    for which in [BurnModel::Encoder, BurnModel::ColumnMajorLinear] {
+        for world in [2, 3] {
+            let two = roll_back::<Stage2>(which, world, 2);
+            let three = roll_back::<Stage3>(which, world, 3);
+            for (rank, (two, three)) in two.iter().zip(&three).enumerate() {
+                let what = format!("{which:?}, {world} ranks, rank {rank}");
+                assert!(
+                    two.before_load != two.at_record,
+                    "{what}: the steps after the record changed nothing, a load would show nothing"
+                );
+                assert!(
+                    three.at_record == two.at_record && three.before_load == two.before_load,
+                    "{what}: stage 3 trained other values than stage 2"
+                );
+                assert!(
+                    two.loaded == two.at_record,
+                    "{what}: stage 2 did not load its record back"
+                );
+                assert!(
+                    three.loaded == two.loaded,
+                    "{what}: stage 3 loaded its record back to other values than stage 2"
+                );
+                assert!(
+                    three.held_out_loss == two.held_out_loss,
+                    "{what}: the loaded model computes another loss at stage 3 ({:?}) than at \
+                     stage 2 ({:?})",
+                    three.held_out_loss,
+                    two.held_out_loss
+                );
+            }
         }
     }
 }

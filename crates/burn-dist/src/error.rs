@@ -147,15 +147,14 @@ pub enum DistError {
     )]
     NotLaunched { call: &'static str },
 
-    /// ZeRO stage 3: gathering a sharded parameter for an op failed. Most often the ranks'
-    /// programs diverged: a rank used another parameter at this point (it branched differently)
-    /// or used one alone (printed or evaluated a weight on one rank), so the ranks' gathers no
-    /// longer pair up; or a peer failed.
+    /// ZeRO stage 3: gathering a sharded parameter for an op failed: the ranks' programs
+    /// diverged (a rank used another parameter at this point, because it branched differently,
+    /// or used one alone, printing or evaluating a weight on one rank, so the ranks' gathers no
+    /// longer pair up), or a peer died or failed. The advice follows the cause
+    /// ([`gather_advice`]).
     #[error(
-        "rank {rank} gathering sharded parameter #{param} `{name}`: {source}. Under ZeRO stage 3 \
-         every rank must use the sharded parameters in the same order: run the same forward and \
-         backward on every rank (evaluate on every rank, each on its share of the data), and \
-         read parameter values on every rank together (a read is a gather)"
+        "rank {rank} gathering sharded parameter #{param} `{name}`: {source}{}",
+        gather_advice(source)
     )]
     Gather {
         rank: usize,
@@ -228,3 +227,35 @@ pub enum DistError {
 }
 
 pub type Result<T, E = DistError> = std::result::Result<T, E>;
+
+/// What to do about a failed gather, by its cause: a peer's message that paired with another
+/// collective, or no message in time, is what diverged programs look like; a closed connection
+/// is a peer that died (its own log says why); a peer's abort carries that peer's own error and
+/// advice, and is told as it is.
+fn gather_advice(source: &CommError) -> &'static str {
+    match source {
+        CommError::Mismatch { .. } | CommError::Timeout { .. } => {
+            ". Under ZeRO stage 3 every rank must use the sharded parameters in the same order: \
+             run the same forward and backward on every rank (evaluate on every rank, each on its \
+             share of the data), and read parameter values on every rank together (a read is a \
+             gather)"
+        }
+        CommError::PeerClosed { .. } | CommError::PeerLost { .. } => {
+            ". That rank's process ended (it failed, was killed, or its node was lost): its own \
+             log, or its launcher's, says why"
+        }
+        _ => "",
+    }
+}
+
+/// Ends an op, which cannot return an error, with `error`: written once on stderr as the error
+/// line it is (`error: burn-dist: …`), then the op unwinds with `burn-dist: …` as its panic
+/// payload (what `catch_unwind` callers read), without running the panic hook. The hook would
+/// print `thread '…' panicked at <a file of burn-dist>` before the cause, and, under
+/// `RUST_BACKTRACE`, a backtrace from inside the op that says nothing of it, whose last note a
+/// launcher would quote as the rank's error.
+pub(crate) fn fail_op(error: impl std::fmt::Display) -> ! {
+    let message = format!("burn-dist: {error}");
+    eprintln!("error: {message}");
+    std::panic::resume_unwind(Box::new(message))
+}

@@ -9,10 +9,15 @@
 //! the checkpoint of step 4 being the newest), announces it, and its launcher is killed then.
 //! The three launchers start at once; the one that binds the rendezvous address first hosts it
 //! and is node 0 in every round, so rank 0 is there and rank 2 is elsewhere.
+//!
+//! The same job at ZeRO stage 3 (`--zero-stage 3`) loses rank 2 while the others are inside
+//! the next step's forward, waiting for it in a parameter's gather: each survivor says so in
+//! its first error line, once, naming rank 2, with no advice about diverged programs and no
+//! backtrace (`RUST_BACKTRACE=1` is set), and its launcher's restart line quotes that line.
 
 use std::net::TcpListener;
 use std::path::Path;
-use std::process::{Child, Command};
+use std::process::{Child, Command, ExitStatus};
 use std::time::Duration;
 
 use burn_dist_testing::processes::{
@@ -33,17 +38,38 @@ fn program(command: &mut Command, dir: &Path, out: &Path, extra: &[&str]) {
     synthetic_zero(command, STEPS, dir, out, extra);
 }
 
-/// One node: `burn-dist-run --nnodes 2:3 --nproc-per-node 1` at the rendezvous on `port`.
-fn node(port: &str, dir: &Path, out: &Path) -> Child {
+/// One node: `burn-dist-run --nnodes 2:3 --nproc-per-node 1` at the rendezvous on `port`,
+/// running `synthetic-zero` with rank 2 pausing after step 5 and `extra`.
+fn node(port: &str, dir: &Path, out: &Path, extra: &[&str]) -> Child {
     let mut command = Command::new(launcher());
     command
         .args(["--nnodes", "2:3", "--nproc-per-node", "1"])
         .args(["--master-addr", "127.0.0.1", "--master-port", port])
         .args(["--rdzv-last-call-secs", LAST_CALL, "--max-restarts", "2"])
         .args(["--stop-grace-secs", "2"])
-        .env("BURN_DIST_TOKEN", "elastic-test-token");
-    program(&mut command, dir, out, &["--pause-after", "0:2:5"]);
+        .env("BURN_DIST_TOKEN", "elastic-test-token")
+        // As a user chasing a failure would: a panic would print its backtrace.
+        .env("RUST_BACKTRACE", "1");
+    let mut args = vec!["--pause-after", "0:2:5"];
+    args.extend_from_slice(extra);
+    program(&mut command, dir, out, &args);
     command.spawn().expect("starting burn-dist-run")
+}
+
+/// Three nodes of `node(.., extra)`, rank 2's launcher killed once rank 2 paused after step 5:
+/// every node's exit status and lines, and which node was killed.
+fn lose_rank_2(root: &Path, extra: &[&str]) -> (Vec<(ExitStatus, Vec<String>)>, usize) {
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let port = port.to_string();
+    let (dir, out) = (root.join("elastic"), root.join("elastic.bin"));
+    // Whichever launcher binds the rendezvous first hosts it and is node 0, with rank 0.
+    let mut nodes: Vec<Child> = (0..3).map(|_| node(&port, &dir, &out, extra)).collect();
+    let announce = "[rank 2] paused after step 5 on rank 2 (pid ";
+    watch_all_killing_first(&mut nodes, QUIET, announce)
 }
 
 /// A step line of rank 0: `[rank 0] step S samples N loss BITS (LOSS)` as (S, N, LOSS).
@@ -81,17 +107,8 @@ fn a_lost_node_leaves_two_that_go_on_at_world_size_2_from_the_newest_checkpoint(
     assert!(status.success(), "world size 2, uninterrupted: {status}");
     let straight_steps: Vec<_> = straight_lines.iter().filter_map(|l| step_of(l)).collect();
 
-    let port = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let port = port.to_string();
     let (dir, out) = (root.join("elastic"), root.join("elastic.bin"));
-    // Whichever launcher binds the rendezvous first hosts it and is node 0, with rank 0.
-    let mut nodes: Vec<Child> = (0..3).map(|_| node(&port, &dir, &out)).collect();
-    let announce = "[rank 2] paused after step 5 on rank 2 (pid ";
-    let (ended, victim) = watch_all_killing_first(&mut nodes, QUIET, announce);
+    let (ended, victim) = lose_rank_2(&root, &[]);
     let host = ended
         .iter()
         .position(|(_, lines)| {
@@ -149,5 +166,66 @@ fn a_lost_node_leaves_two_that_go_on_at_world_size_2_from_the_newest_checkpoint(
         "final parameters: relative difference {}",
         diff / norm
     );
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+#[test]
+fn a_rank_lost_in_a_stage_3_forward_is_named_in_the_first_error_line_of_every_survivor() {
+    let root = scratch_dir("elastic-zero3");
+    let (ended, victim) = lose_rank_2(&root, &["--zero-stage", "3"]);
+    assert_survivors_met_again(&ended, victim, 3);
+    for (node, (_, lines)) in ended.iter().enumerate().filter(|(n, _)| *n != victim) {
+        let transcript = || lines.join("\n");
+        // The survivor's lines of the first start: those before its launcher restarted it.
+        let restart = lines
+            .iter()
+            .position(|l| l.starts_with("burn-dist-run: restart 1 of at most 2: "))
+            .unwrap_or_else(|| panic!("node {node} was not restarted:\n{}", transcript()));
+        let first_start = &lines[..restart];
+        let rank = first_start
+            .iter()
+            .find_map(|l| l.strip_prefix("[rank ")?.split(']').next())
+            .expect("a line of the node's rank");
+        let own: Vec<&str> = first_start
+            .iter()
+            .filter_map(|l| l.strip_prefix(&format!("[rank {rank}] ")))
+            .collect();
+        let error = own
+            .iter()
+            .find(|l| l.contains("error") || l.contains("panicked"))
+            .unwrap_or_else(|| panic!("rank {rank} reported no error:\n{}", transcript()));
+        assert!(
+            error.contains("rank 2") && error.contains("(did the process die?)"),
+            "rank {rank}'s first error line does not name the lost rank 2: {error}\n{}",
+            transcript()
+        );
+        for wrong in [
+            "same order",
+            "stack backtrace",
+            "RUST_BACKTRACE",
+            "panicked at",
+        ] {
+            assert!(
+                !own.iter().any(|l| l.contains(wrong)),
+                "rank {rank} wrote `{wrong}`:\n{}",
+                transcript()
+            );
+        }
+        let causes = own.iter().filter(|l| l.contains("(did the process die?)"));
+        assert_eq!(
+            causes.count(),
+            1,
+            "rank {rank}: the cause once:\n{}",
+            transcript()
+        );
+        // The launcher's line quotes it as the last error line.
+        let quoted = format!("(last error line: `{error}`)");
+        assert!(
+            lines[restart].contains(&format!("rank {rank} (pid "))
+                && lines[restart].contains(&quoted),
+            "node {node}'s restart line does not quote rank {rank}'s error:\n{}",
+            transcript()
+        );
+    }
     let _ = std::fs::remove_dir_all(&root);
 }

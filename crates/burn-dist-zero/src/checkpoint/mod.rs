@@ -166,7 +166,9 @@ pub fn resolve(path: impl AsRef<Path>) -> Result<PathBuf> {
 
 /// Loads the checkpoint at `path` (a step directory, or a root whose newest complete
 /// checkpoint is taken) into `model` and `zero`, at any world size. A collective. Verifies the
-/// size and checksum of every file it reads; nothing is changed unless every rank succeeds.
+/// size and checksum of every file it reads; nothing is changed unless every rank succeeds:
+/// after a failure on any rank, every rank's `zero`, and every clone of `model` kept by the
+/// caller (at ZeRO stage 3 too, whose clones share their pieces), are as they were.
 /// Restores the rank random stream; returns the model (marked for gradient sync) and the
 /// training state, whose scaler state and data position the caller applies.
 pub fn load<B: AutodiffBackend, M: AutodiffModule<B>>(
@@ -179,7 +181,9 @@ pub fn load<B: AutodiffBackend, M: AutodiffModule<B>>(
     let (model, shard, state) =
         load_parts::<B, M, _>(path.as_ref(), ddp, model, |dir, manifest| {
             expect_optimizer(dir, manifest, OptimizerState::Shards)?;
-            assemble_shard(dir, manifest, zero.layout(), rank)
+            let shard = assemble_shard(dir, manifest, zero.layout(), rank)?;
+            zero.check_import(&shard)?;
+            Ok(shard)
         })?;
     zero.import(shard)?;
     Ok((model, state))
@@ -241,6 +245,10 @@ fn expect_optimizer(dir: &Path, manifest: &Manifest, expected: OptimizerState) -
 /// What [`load`] and [`load_optimizer`] share: the manifest, the model, the agreement of every
 /// rank, the bucket order and the random stream; `optimizer` reads the optimizer's part on
 /// each rank before anything changes.
+///
+/// All or nothing: every rank first reads and checks everything (the model's new tensors are a
+/// new value; a sharded model's pieces, which every clone of it shares, are only staged), then
+/// the ranks agree, and only once every check of every rank has passed is anything written.
 fn load_parts<B: AutodiffBackend, M: AutodiffModule<B>, T>(
     path: &Path,
     ddp: &Ddp,
@@ -281,12 +289,12 @@ fn load_parts<B: AutodiffBackend, M: AutodiffModule<B>, T>(
             ids: &ids,
             trainable,
         };
-        let model =
+        let (model, staged) =
             weights::overwrite::<B, M>(model, &dir.join(entry.defined_name()), &bytes, restore)?;
         let part = optimizer(&dir, &manifest)?;
-        Ok((dir, manifest, model, part))
+        Ok((dir, manifest, model, staged, part))
     })();
-    let (dir, manifest, model, part) = agree(comm, local)?;
+    let (dir, manifest, model, staged, part) = agree(comm, local)?;
 
     // Every rank must have loaded the same step (a save racing with the resolution of
     // `latest` could make them differ).
@@ -305,6 +313,10 @@ fn load_parts<B: AutodiffBackend, M: AutodiffModule<B>, T>(
     let order: Vec<usize> = manifest.buckets.iter().flatten().copied().collect();
     ddp.adopt_bucket_order(&order)
         .map_err(|e| CheckpointError::corrupt(dir.join(MANIFEST), format!("buckets: {e}")))?;
+    // Every check of every rank has passed: from here on nothing fails.
+    if let Some(shards) = ddp.param_shards() {
+        staged.write(&shards);
+    }
     ddp.seed(manifest.random.seed);
     ddp.set_step(manifest.random.step);
     tracing::info!(dir = %dir.display(), saved_world = manifest.world_size, "checkpoint loaded");

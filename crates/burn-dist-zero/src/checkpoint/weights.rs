@@ -66,8 +66,8 @@ pub(crate) enum Trainable<'a> {
         layout: &'a FlatLayout,
     },
     /// Into this rank's pieces of a sharded model (whose handles stay): cut from the file's
-    /// tensors when it has them (`from_file`), else left to the optimizer's import of its
-    /// master weights.
+    /// tensors when it has them (`from_file`) and staged ([`StagedPieces`]), else left to the
+    /// optimizer's import of its master weights.
     IntoPieces {
         shards: &'a ParamShards,
         from_file: bool,
@@ -120,27 +120,45 @@ impl Tensors {
     }
 }
 
+/// This rank's pieces of a sharded model's parameters, cut from a checkpoint's file but not
+/// written yet: the pieces are shared by every clone of the model, so a load writes them only
+/// once every rank has read everything it needs ([`StagedPieces::write`]), and a load that
+/// fails on any rank leaves them as they were.
+#[derive(Default)]
+pub(crate) struct StagedPieces(Vec<(usize, Vec<u8>)>);
+
+impl StagedPieces {
+    /// Writes every staged piece into `shards` (every rank calls it, with the same parameters).
+    pub(crate) fn write(self, shards: &ParamShards) {
+        for (index, piece) in self.0 {
+            shards.set_piece(index, &piece);
+        }
+    }
+}
+
 /// Replaces every float tensor of `model` with the tensor of the same name in the safetensors
 /// `bytes` (read from `path`), converted to the model's dtype and keeping `require_grad`; the
-/// trainable parameters as `restore` says.
+/// trainable parameters as `restore` says. The model is a new value (`model` itself is left
+/// as it was); the pieces of a sharded model are returned staged, unwritten.
 pub(crate) fn overwrite<B: Backend, M: Module<B>>(
     model: M,
     path: &Path,
     bytes: &[u8],
     restore: Restore<'_>,
-) -> Result<M> {
+) -> Result<(M, StagedPieces)> {
     let file = SafeTensors::deserialize(bytes)
         .map_err(|e| CheckpointError::corrupt(path, format!("not a safetensors file: {e}")))?;
     let mut map = Overwrite {
         file,
         restore,
         path: Vec::new(),
+        staged: StagedPieces::default(),
         error: None,
     };
     let model = model.map(&mut map);
     match map.error {
         Some(reason) => Err(CheckpointError::corrupt(path, reason)),
-        None => Ok(model),
+        None => Ok((model, map.staged)),
     }
 }
 
@@ -148,6 +166,7 @@ struct Overwrite<'a> {
     file: SafeTensors<'a>,
     restore: Restore<'a>,
     path: Vec<String>,
+    staged: StagedPieces,
     error: Option<String>,
 }
 
@@ -211,7 +230,7 @@ impl<B: Backend> ModuleMapper<B> for Overwrite<'_> {
 
 impl Overwrite<'_> {
     /// A sharded parameter: its handle stays in the model; the file's values, when they are
-    /// to be taken, go into this rank's piece of it.
+    /// to be taken, are cut into this rank's piece of it, staged.
     fn load_piece<B: Backend, const D: usize>(
         &mut self,
         param: Param<Tensor<B, D>>,
@@ -228,10 +247,10 @@ impl Overwrite<'_> {
         let shape = param.val().dims().to_vec();
         match self.file.tensor(name) {
             Ok(stored) if stored.shape() == shape.as_slice() => match burn_dtype(stored.dtype()) {
-                Some(dtype) => shards.write_piece(
-                    index,
-                    TensorData::from_bytes_vec(stored.data().to_vec(), shape, dtype),
-                ),
+                Some(dtype) => {
+                    let full = TensorData::from_bytes_vec(stored.data().to_vec(), shape, dtype);
+                    self.staged.0.push((index, shards.cut_piece(index, full)));
+                }
                 None => self.error = Some(format!("tensor {name} has dtype {:?}", stored.dtype())),
             },
             Ok(stored) => {

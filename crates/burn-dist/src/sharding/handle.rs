@@ -28,8 +28,10 @@ pub struct ParamHandle<B: Backend> {
     /// Which gather schedule its uses follow.
     phase: Phase,
     /// It stands in a record, on a rank other than 0, for a parameter that `into_record`
-    /// gathered to rank 0 only (`super::record`): it refuses to gather.
-    in_rank_0_record: bool,
+    /// gathered to rank 0 only (`super::record`): it refuses to gather, and holds this rank's
+    /// piece as it was at the save (in the parameter's dtype, empty where this rank holds
+    /// none), which loading the record back into the same model writes again.
+    saved_piece: Option<Arc<[u8]>>,
 }
 
 impl<B: Backend> Clone for ParamHandle<B> {
@@ -42,7 +44,7 @@ impl<B: Backend> Clone for ParamHandle<B> {
             shape: self.shape.clone(),
             dtype: self.dtype,
             phase: self.phase,
-            in_rank_0_record: self.in_rank_0_record,
+            saved_piece: self.saved_piece.clone(),
         }
     }
 }
@@ -56,7 +58,7 @@ impl<B: Backend> fmt::Debug for ParamHandle<B> {
             .field("dtype", &self.dtype)
             .field("views", &self.views)
             .field("phase", &self.phase)
-            .field("in_rank_0_record", &self.in_rank_0_record)
+            .field("in_rank_0_record", &self.saved_piece.is_some())
             .finish()
     }
 }
@@ -74,14 +76,20 @@ impl<B: Backend> ParamHandle<B> {
             shape,
             dtype,
             phase: Phase::Train,
-            in_rank_0_record: false,
+            saved_piece: None,
         }
     }
 
-    /// This handle as it stands in a record whose values only rank 0 holds.
-    pub(crate) fn in_rank_0_record(mut self) -> Self {
-        self.in_rank_0_record = true;
+    /// This handle as it stands in a record whose values only rank 0 holds, keeping `piece`,
+    /// this rank's piece of the parameter at the save.
+    pub(crate) fn in_rank_0_record(mut self, piece: Vec<u8>) -> Self {
+        self.saved_piece = Some(piece.into());
         self
+    }
+
+    /// This rank's piece at the save, for a handle that stands in rank 0's record.
+    pub(crate) fn saved_piece(&self) -> Option<&[u8]> {
+        self.saved_piece.as_deref()
     }
 
     /// Whether it is parameter `index` of `shards`, whole (in a record or in the model).
@@ -154,14 +162,14 @@ impl<B: Backend> ParamHandle<B> {
     /// Gathers the parameter from every rank's piece and replays the views: `B`'s tensor, for
     /// an op (live until it returns) or a read.
     ///
-    /// Panics with [`DistError::RecordOnRankZero`] for a handle that stands in rank 0's record.
+    /// Fails (unwinds) with [`DistError::RecordOnRankZero`] for a handle that stands in rank 0's
+    /// record.
     pub(crate) fn materialize(self, wanted: Use) -> B::FloatTensorPrimitive {
-        if self.in_rank_0_record {
-            let error = DistError::RecordOnRankZero {
+        if self.saved_piece.is_some() {
+            crate::error::fail_op(DistError::RecordOnRankZero {
                 rank: self.shards.rank(),
                 name: self.shards.info(self.index).name.clone(),
-            };
-            panic!("burn-dist: {error}");
+            });
         }
         let full = self
             .shards

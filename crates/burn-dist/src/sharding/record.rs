@@ -6,14 +6,19 @@
 //! around the parameter's own (Burn's `Linear` has some, to transpose a column-major weight):
 //! - **Saving** (`into_record`, on the thread that calls it) gathers the parameter and keeps it
 //!   on rank 0 only: rank 0's record holds the full tensor, the other ranks' record a handle
-//!   that refuses to be read ([`DistError::RecordOnRankZero`](crate::DistError)). So every rank
+//!   that refuses to be read ([`DistError::RecordOnRankZero`](crate::DistError)) and keeps a
+//!   copy of the rank's own piece (1/N of the parameter). So every rank
 //!   must take the record, at the same point (burn-train's checkpointer does), only rank 0 can
 //!   write it (`burn_dist::train::RankZeroRecorder`), and no rank holds more than one full
 //!   parameter at a time unless it writes the record. Turning the record into bytes later
 //!   (burn-train does that on its checkpointer thread) communicates nothing.
 //! - **Loading** a full record cuts this rank's piece out of each loaded value into the shards
 //!   and puts the parameter's handle back, so the model stays sharded and its optimizer still
-//!   knows its parameters. Nothing is communicated.
+//!   knows its parameters. Nothing is communicated. A record that `into_record` took of this
+//!   same model (kept in memory to roll back to) restores every rank's piece: rank 0's from its
+//!   full values, every other rank's from the copy its stand-in kept. A stand-in that only said
+//!   "on rank 0" would let rank 0 roll back while the others kept their current pieces, a model
+//!   no rank ever had, and nothing would see it (a load communicates nothing).
 
 use std::any::Any;
 use std::sync::{Arc, Weak};
@@ -78,11 +83,16 @@ where
         return own.on_save(wrap::<X, B, D>(ShardedFloat::Local(full)));
     }
     drop(full);
-    wrap::<X, B, D>(ShardedFloat::Param(handle.in_rank_0_record()))
+    // This rank's piece as it is now, so that loading this record back restores it as rank 0's
+    // full value restores rank 0's: a record is a snapshot on every rank.
+    let piece = shards.piece_bytes(index);
+    wrap::<X, B, D>(ShardedFloat::Param(handle.in_rank_0_record(piece)))
 }
 
-/// The load hook: this rank's piece of the loaded (full) value goes into the shards, and the
-/// parameter gets its handle back.
+/// The load hook: this rank's piece of the loaded value goes into the shards, and the parameter
+/// gets its handle back. The loaded value is a full tensor (rank 0's record, or any record read
+/// from bytes), or, on the other ranks, the stand-in of this model's own record, which holds
+/// this rank's piece at the save.
 fn load<X, B, const D: usize>(
     tensor: Float<B, D>,
     shards: &Weak<ParamShards>,
@@ -94,16 +104,21 @@ where
     X: Backend,
     B: AutodiffBackend<InnerBackend = DistributedBackend<X, Sharded>>,
 {
-    let tensor = own.on_load(tensor);
     let Some(shards) = shards.upgrade() else {
-        return tensor;
+        return own.on_load(tensor);
     };
     match handle_of::<X, B, D>(&tensor) {
-        // This model's own record (a rank other than 0 holds no values in it): nothing to load.
-        Some(handle) if handle.is_param_of(&shards, index) => {}
+        // This model's own record: the stand-in's piece is restored as it was saved, before any
+        // transformation of its own (the save applied none to it).
+        Some(handle) if handle.is_param_of(&shards, index) => {
+            if let Some(piece) = handle.saved_piece() {
+                shards.set_piece(index, piece);
+            }
+        }
         // Another preparation's handle: the step refuses it by name (`DistError::ShardReplaced`).
-        Some(_) => return tensor,
+        Some(_) => return own.on_load(tensor),
         None => {
+            let tensor = own.on_load(tensor);
             let info = shards.info(index);
             if tensor.dims().as_slice() != info.shape.as_slice() {
                 let error = DistError::ModelMismatch(format!(
@@ -114,7 +129,7 @@ where
                     tensor.dims(),
                     info.shape
                 ));
-                panic!("burn-dist: {error}");
+                crate::error::fail_op(error);
             }
             shards.write_piece(index, tensor.into_data());
         }

@@ -365,7 +365,8 @@ impl ParamShards {
     /// wanted for an op ([`Use::Op`]) inside one, it is held by the op's frame and live until
     /// the op returns.
     ///
-    /// Ops cannot return errors, so a failed gather panics with [`DistError::Gather`], which
+    /// Ops cannot return errors, so a failed gather unwinds with [`DistError::Gather`] (written
+    /// once on stderr first, with no backtrace: `error::fail_op`), which
     /// names the parameter, this rank and the cause (for diverged ranks: the other rank's
     /// parameter too); the group is aborted, so every peer fails at its next collective.
     pub(crate) fn gather<B: Backend>(
@@ -426,11 +427,10 @@ impl ParamShards {
     }
 
     /// A gather of parameter `index` failed: recorded as this rank's failure, and the op
-    /// panics with it (ops cannot return errors).
+    /// fails with it (ops cannot return errors: `error::fail_op`).
     fn failed(&self, index: usize, source: CommError) -> ! {
         self.state().failure.get_or_insert((index, source.clone()));
-        let error = self.gather_error(index, source);
-        panic!("burn-dist: {error}");
+        crate::error::fail_op(self.gather_error(index, source))
     }
 
     /// The backend's tensor of parameter `index` from its gathered part.
@@ -676,27 +676,56 @@ impl ParamShards {
     /// float dtype) and keeps it in the parameter's dtype: a full record or checkpoint loaded
     /// into the sharded model, one parameter at a time. Nothing is communicated.
     pub fn write_piece(&self, index: usize, full: TensorData) {
+        let piece = self.cut_piece(index, full);
+        self.set_piece(index, &piece);
+    }
+
+    /// This rank's piece of parameter `index` cut out of `full` (all of its values, in any
+    /// float dtype), in the parameter's dtype; empty where this rank holds none of it. Nothing
+    /// changes: [`ParamShards::set_piece`] writes it (a checkpoint's load cuts every piece
+    /// before the ranks agree, and writes them after).
+    pub fn cut_piece(&self, index: usize, full: TensorData) -> Vec<u8> {
+        let Some(within) = self.within_param(index) else {
+            return Vec::new(); // this rank holds none of it
+        };
+        let elem = self.params[index].dtype.size();
+        let bytes = full.convert_dtype(self.params[index].dtype).into_bytes();
+        bytes[within.start * elem..within.end * elem].to_vec()
+    }
+
+    /// Replaces this rank's piece of parameter `index` by `piece` (in the parameter's dtype,
+    /// as [`ParamShards::cut_piece`] or [`ParamShards::piece_bytes`] gave it). Nothing is
+    /// communicated.
+    pub fn set_piece(&self, index: usize, piece: &[u8]) {
         // On every rank alike, holding a piece or not: what it drops decides what is gathered
         // ahead next, which must be the same everywhere.
         self.forget_ahead();
-        let Some(piece) = self
-            .layout
+        let Some(in_shard) = self.in_shard[index].clone() else {
+            return; // this rank holds none of it
+        };
+        let elem = self.params[index].dtype.size();
+        assert_eq!(
+            piece.len(),
+            in_shard.len() * elem,
+            "burn-dist: the piece of `{}` written on rank {} has another size than the rank's",
+            self.params[index].name,
+            self.rank()
+        );
+        match &mut *self.held_mut() {
+            Held::F32(shard) => copy_f32_bytes(&mut shard[in_shard], piece),
+            Held::Pieces(pieces) => pieces[index] = piece.to_vec(),
+            #[cfg(feature = "device")]
+            Held::Device(pieces) => pieces.write(in_shard, piece),
+        }
+    }
+
+    /// Which of parameter `index`'s elements this rank's piece holds (`None`: none of them).
+    fn within_param(&self, index: usize) -> Option<Range<usize>> {
+        self.layout
             .pieces(self.rank())
             .into_iter()
             .find(|p| p.param == index)
-        else {
-            return; // this rank holds none of it
-        };
-        let info = &self.params[index];
-        let elem = info.dtype.size();
-        let bytes = full.convert_dtype(info.dtype).into_bytes();
-        let mine = &bytes[piece.within.start * elem..piece.within.end * elem];
-        match &mut *self.held_mut() {
-            Held::F32(shard) => copy_f32_bytes(&mut shard[piece.in_shard], mine),
-            Held::Pieces(pieces) => pieces[index] = mine.to_vec(),
-            #[cfg(feature = "device")]
-            Held::Device(pieces) => pieces.write(piece.in_shard, mine),
-        }
+            .map(|p| p.within)
     }
 
     /// This rank's piece of parameter `index`, in its dtype (for a gather or a checkpoint).

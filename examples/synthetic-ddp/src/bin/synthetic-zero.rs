@@ -22,7 +22,7 @@ use std::process::ExitCode;
 use burn::backend::Autodiff;
 use burn::module::AutodiffModule;
 use burn::tensor::ElementConversion;
-use burn_dist::{Ddp, DdpConfig, DistributedBackend};
+use burn_dist::{Ddp, DdpConfig, DistributedAutodiff, DistributedBackend, Sharded};
 use burn_dist_testing::{MLP_SIZES, Mlp, parameters, shard_rows, synthetic_rows};
 use burn_dist_zero::ZeroAdamConfig;
 use burn_dist_zero::checkpoint::{self, TrainingState};
@@ -30,6 +30,8 @@ use burn_flex::{Flex, FlexDevice};
 use clap::Parser;
 
 type B = Autodiff<DistributedBackend<Flex>>;
+/// ZeRO stage 3: the model's parameters sharded too.
+type Stage3 = Autodiff<DistributedBackend<Flex, Sharded>>;
 
 /// The data index of the held-out batch that the validation loss is measured on.
 const HELD_OUT: usize = 1_000_000;
@@ -56,7 +58,8 @@ struct Args {
     /// Save after every this many steps.
     #[arg(long, default_value_t = 2)]
     checkpoint_every: u64,
-    /// ZeRO stage: 1 shards the optimizer state, 2 the gradients too.
+    /// ZeRO stage: 1 shards the optimizer state, 2 the gradients too, 3 the parameters too
+    /// (every rank then runs the validation and reads the final parameters, which gather).
     #[arg(long, default_value_t = 1)]
     zero_stage: u8,
     /// Rank 0 writes the final parameters here (little-endian f32, tensors in visit order).
@@ -110,11 +113,23 @@ fn run(args: Args) -> Result<(), String> {
     // job needs no other hint, as it resumes from the newest checkpoint below.
     let restart = burn_dist_comm::env::restart_count().map_err(|e| e.to_string())?;
     eprintln!("rank {announced_rank}: restart {restart} (pid {pid})");
-    let mut ddp = Ddp::init(DdpConfig::new()).map_err(|e| format!("joining the job: {e}"))?;
+    let ddp = Ddp::init(DdpConfig::new()).map_err(|e| format!("joining the job: {e}"))?;
+    match args.zero_stage {
+        3 => train::<Stage3>(args, ddp, restart, pid),
+        _ => train::<B>(args, ddp, restart, pid),
+    }
+}
+
+/// The training loop on the backend `B` (its mode: replicated, or sharded at stage 3).
+fn train<B: DistributedAutodiff<Device = FlexDevice>>(
+    args: Args,
+    mut ddp: Ddp,
+    restart: usize,
+    pid: u32,
+) -> Result<(), String> {
     let (rank, world) = (ddp.rank(), ddp.world_size());
     let fail = |e: &dyn std::fmt::Display| format!("rank {rank}: {e}");
-    let model = ddp
-        .prepare(Mlp::<B>::new(&MLP_SIZES, 7, &FlexDevice))
+    let model = B::prepare_model(&mut ddp, Mlp::<B>::new(&MLP_SIZES, 7, &FlexDevice))
         .map_err(|e| fail(&e))?;
     let mut zero = ZeroAdamConfig::new()
         .with_stage(args.zero_stage)
@@ -183,7 +198,9 @@ fn run(args: Args) -> Result<(), String> {
             }
         }
     }
-    if rank == 0 {
+    // At stage 3 an evaluation and a read of the parameters gather them: every rank takes part.
+    let takes_part = rank == 0 || B::SHARDED;
+    if takes_part {
         // A held-out batch no step trains on (step index 1_000_000), on the whole batch.
         let rows = 0..args.global_batch;
         let x = synthetic_rows::<B, 2>(
@@ -198,15 +215,19 @@ fn run(args: Args) -> Result<(), String> {
             .powi_scalar(2)
             .mean();
         let value = loss.into_scalar().elem::<f32>();
-        println!("validation loss {:08x} ({value})", value.to_bits());
+        if rank == 0 {
+            println!("validation loss {:08x} ({value})", value.to_bits());
+        }
     }
-    if let (0, Some(path)) = (rank, &args.out) {
+    if let (true, Some(path)) = (takes_part, &args.out) {
         let bytes: Vec<u8> = parameters::<B, _>(&model)
             .iter()
             .flatten()
             .flat_map(|v| v.to_le_bytes())
             .collect();
-        std::fs::write(path, bytes).map_err(|e| format!("writing {}: {e}", path.display()))?;
+        if rank == 0 {
+            std::fs::write(path, bytes).map_err(|e| format!("writing {}: {e}", path.display()))?;
+        }
     }
     Ok(())
 }
