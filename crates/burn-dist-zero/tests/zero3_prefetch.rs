@@ -14,11 +14,11 @@ use burn_dist::{
     ShardStats, Sharded,
 };
 use burn_dist_comm::testing::run_ranks;
-use burn_dist_comm::{CommConfig, HostCommunicator};
+use burn_dist_comm::{CommConfig, CommError, HostCommunicator};
 use burn_dist_testing::{
     MLP_SIZES, Mlp, Synthetic, parameters, shard_rows, small_bucket_config, synthetic_rows,
 };
-use burn_dist_zero::{ZeroAdam, ZeroAdamConfig};
+use burn_dist_zero::{ZeroAdam, ZeroAdamConfig, ZeroError};
 use burn_flex::{Flex, FlexDevice};
 
 type Stage3 = Autodiff<DistributedBackend<Flex, Sharded>>;
@@ -431,7 +431,8 @@ fn backward_gathers_its_weights_in_reverse_as_one_unit() {
 
 /// Each rank checks its own recorded order against rank 0's. The step's digests agree first,
 /// so only a digest collision (injected here: a use recorded on rank 1 alone) gets this far;
-/// the rank whose order differs is named with the first entry where it does, and both sides.
+/// the rank whose order differs is named with the first entry where it does, and both sides,
+/// and it aborts the group, so that rank 0 fails too, naming it, and no rank adopts anything.
 #[test]
 fn a_rank_whose_order_differs_from_rank_zeros_is_named_with_the_first_difference() {
     let comms = HostCommunicator::local_group(2, &CommConfig::default());
@@ -453,8 +454,6 @@ fn a_rank_whose_order_differs_from_rank_zeros_is_named_with_the_first_difference
             shards.schedule(Phase::Train).map(|(order, _)| order),
         )
     });
-    assert!(outcomes[0].0.is_ok(), "rank 0 adopts its own order");
-    assert_eq!(outcomes[0].1.as_deref(), Some(&[0][..]));
     match &outcomes[1].0 {
         Err(DistError::Schedule {
             rank: 1,
@@ -468,7 +467,68 @@ fn a_rank_whose_order_differs_from_rank_zeros_is_named_with_the_first_difference
         }
         other => panic!("rank 1: {other:?}"),
     }
-    assert_eq!(outcomes[1].1, None, "rank 1 adopted no schedule");
+    match &outcomes[0].0 {
+        Err(DistError::Comm(CommError::Aborted { by: 1, reason })) => {
+            assert!(reason.contains("differs from rank 0's"), "{reason}");
+        }
+        other => panic!("rank 0: {other:?}"),
+    }
+    for (rank, (_, adopted)) in outcomes.iter().enumerate() {
+        assert_eq!(*adopted, None, "rank {rank} adopted a schedule");
+    }
+}
+
+/// Which phases have a new schedule to share is agreed in the step's agreement, before any is
+/// shared: a rank whose window was turned off alone (`set_prefetch`) records nothing, and
+/// every rank fails the step naming it, rather than rank 0 sharing a schedule rank 1 does not
+/// expect.
+#[test]
+fn ranks_that_differ_in_which_schedules_they_recorded_fail_the_step_naming_the_rank() {
+    let comms = HostCommunicator::local_group(2, &CommConfig::default());
+    let outcomes = run_ranks(comms, |rank, comm| {
+        let mut ddp = Ddp::for_thread(comm, config(1, PrefetchConfig::new()));
+        let model = ddp
+            .prepare_sharded(Mlp::<Stage3>::new(&MLP_SIZES, 7, &FlexDevice))
+            .unwrap();
+        if rank == 1 {
+            ddp.param_shards()
+                .unwrap()
+                .set_prefetch(PrefetchConfig::OFF);
+        }
+        let mut zero = ZeroAdamConfig::new()
+            .with_stage(3)
+            .init::<Stage3, _>(&ddp, &model)
+            .unwrap();
+        let (x, y) = (
+            synthetic_rows::<Stage3, 2>(
+                0,
+                0,
+                [4, MLP_SIZES[0]],
+                shard_rows(4, rank, 2),
+                &FlexDevice,
+            ),
+            synthetic_rows::<Stage3, 2>(
+                1,
+                0,
+                [4, MLP_SIZES[3]],
+                shard_rows(4, rank, 2),
+                &FlexDevice,
+            ),
+        );
+        let loss = (model.forward(x) - y).powi_scalar(2).mean();
+        let grads = ddp.backward(loss, &model).unwrap().unwrap();
+        zero.step(1e-2, model, grads, &ddp).map(drop)
+    });
+    for (rank, outcome) in outcomes.iter().enumerate() {
+        match outcome {
+            Err(ZeroError::Dist(DistError::NewSchedules {
+                rank: 1,
+                phase: Phase::Train,
+                here: false,
+            })) => {}
+            other => panic!("rank {rank}: {other:?}"),
+        }
+    }
 }
 
 /// Burn's attention applies its query, key and value projections one after the other: their

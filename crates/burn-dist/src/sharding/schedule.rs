@@ -95,7 +95,8 @@ pub enum Phase {
 }
 
 impl Phase {
-    fn slot(self) -> usize {
+    /// Its index among the phases (`Phase::ALL`).
+    pub(crate) fn slot(self) -> usize {
         match self {
             Phase::Train => 0,
             Phase::Eval => 1,
