@@ -58,13 +58,24 @@ fn mlp_step<M: AutodiffModule<Stage3>>(
     step: usize,
     forward: impl Fn(&M, Tensor<Stage3, 2>) -> Tensor<Stage3, 2>,
 ) -> M {
+    try_mlp_step(ddp, zero, model, step, forward).unwrap()
+}
+
+/// [`mlp_step`], returning what the optimizer step returned.
+fn try_mlp_step<M: AutodiffModule<Stage3>>(
+    ddp: &mut Ddp,
+    zero: &mut ZeroAdam,
+    model: M,
+    step: usize,
+    forward: impl Fn(&M, Tensor<Stage3, 2>) -> Tensor<Stage3, 2>,
+) -> Result<M, ZeroError> {
     let rows = shard_rows(GLOBAL_BATCH, ddp.rank(), ddp.world_size());
     let [input, .., output] = MLP_SIZES;
     let x = synthetic_rows::<Stage3, 2>(0, step, [GLOBAL_BATCH, input], rows.clone(), &FlexDevice);
     let y = synthetic_rows::<Stage3, 2>(1, step, [GLOBAL_BATCH, output], rows, &FlexDevice);
     let loss = (forward(&model, x) - y).powi_scalar(2).mean();
     let grads = ddp.backward(loss, &model).unwrap().unwrap();
-    zero.step(LR, model, grads, ddp).unwrap().0
+    Ok(zero.step(LR, model, grads, ddp)?.0)
 }
 
 /// Every rank's final parameters and shard counters after `steps` ZeroAdam stage-3 steps.
@@ -486,38 +497,13 @@ fn a_rank_whose_order_differs_from_rank_zeros_is_named_with_the_first_difference
 fn ranks_that_differ_in_which_schedules_they_recorded_fail_the_step_naming_the_rank() {
     let comms = HostCommunicator::local_group(2, &CommConfig::default());
     let outcomes = run_ranks(comms, |rank, comm| {
-        let mut ddp = Ddp::for_thread(comm, config(1, PrefetchConfig::new()));
-        let model = ddp
-            .prepare_sharded(Mlp::<Stage3>::new(&MLP_SIZES, 7, &FlexDevice))
-            .unwrap();
+        let mlp = Mlp::<Stage3>::new(&MLP_SIZES, 7, &FlexDevice);
+        let (mut ddp, model, mut zero) = start(comm, PrefetchConfig::new(), mlp);
         if rank == 1 {
-            ddp.param_shards()
-                .unwrap()
-                .set_prefetch(PrefetchConfig::OFF);
+            let shards = ddp.param_shards().unwrap();
+            shards.set_prefetch(PrefetchConfig::OFF);
         }
-        let mut zero = ZeroAdamConfig::new()
-            .with_stage(3)
-            .init::<Stage3, _>(&ddp, &model)
-            .unwrap();
-        let (x, y) = (
-            synthetic_rows::<Stage3, 2>(
-                0,
-                0,
-                [4, MLP_SIZES[0]],
-                shard_rows(4, rank, 2),
-                &FlexDevice,
-            ),
-            synthetic_rows::<Stage3, 2>(
-                1,
-                0,
-                [4, MLP_SIZES[3]],
-                shard_rows(4, rank, 2),
-                &FlexDevice,
-            ),
-        );
-        let loss = (model.forward(x) - y).powi_scalar(2).mean();
-        let grads = ddp.backward(loss, &model).unwrap().unwrap();
-        zero.step(1e-2, model, grads, &ddp).map(drop)
+        try_mlp_step(&mut ddp, &mut zero, model, 0, |model, x| model.forward(x)).map(drop)
     });
     for (rank, outcome) in outcomes.iter().enumerate() {
         match outcome {
