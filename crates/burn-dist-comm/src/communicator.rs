@@ -8,6 +8,7 @@ use std::thread::JoinHandle;
 
 use crate::algorithms::{self, Scratch};
 use crate::direct::{self, Path};
+use crate::divergence::{Issued, Peers, Watch};
 use crate::reduce::chunk_range;
 use crate::transport::local::local_group;
 use crate::transport::{Arenas, Link, Transport};
@@ -61,6 +62,9 @@ pub struct Pending<T> {
     rank: usize,
     rx: Receiver<Result<T>>,
     ready: Option<Result<T>>,
+    /// The host communicator's: checks, past a grace, that the group has not diverged across
+    /// lanes while this waits (`divergence`).
+    watch: Option<Watch>,
 }
 
 impl<T> Pending<T> {
@@ -72,6 +76,7 @@ impl<T> Pending<T> {
                 rank,
                 rx,
                 ready: None,
+                watch: None,
             },
         )
     }
@@ -83,14 +88,21 @@ impl<T> Pending<T> {
             rank,
             rx,
             ready: Some(Err(error)),
+            watch: None,
         }
     }
 
     /// Blocks until the collective is done. It always returns: every wait inside is bounded
-    /// by the communicator's timeout.
+    /// by the communicator's timeout. On the host communicator, a wait that lasts past
+    /// [`CommConfig::divergence_grace`] asks the peers where they stand, and fails with
+    /// [`CommError::Diverged`] (every rank fails) when the ranks wait for each other on
+    /// different lanes.
     pub fn wait(mut self) -> Result<T> {
-        match self.ready.take() {
-            Some(result) => result,
+        if let Some(result) = self.ready.take() {
+            return result;
+        }
+        match self.watch.take() {
+            Some(watch) => watch.wait(&self.rx, self.rank),
             None => self
                 .rx
                 .recv()
@@ -158,8 +170,10 @@ pub struct HostCommunicator {
     links: Vec<Option<Link>>,
     jobs: Option<Sender<Job>>,
     worker: Option<JoinHandle<()>>,
-    /// Collectives issued on this lane.
-    issued: AtomicU64,
+    lane: Lane,
+    /// What the rank's lanes share: their collectives issued (counted per lane) and long
+    /// waits, and how to ask the peers about theirs.
+    peers: Arc<dyn Peers>,
     /// Collectives of this lane that read the peers' buffers in place.
     direct: Arc<AtomicU64>,
     /// Every rank's arena, where the peers share this host's memory: shared buffers go there.
@@ -188,6 +202,7 @@ impl HostCommunicator {
     ) -> Result<Self> {
         let (rank, world, links) = (transport.rank(), transport.world(), transport.links());
         let arenas = transport.arenas();
+        let peers = transport.peers();
         let direct = Arc::new(AtomicU64::new(0));
         let (jobs, queue) = mpsc::channel();
         let name = match lane {
@@ -215,7 +230,8 @@ impl HostCommunicator {
             links,
             jobs: Some(jobs),
             worker: Some(worker),
-            issued: AtomicU64::new(0),
+            lane,
+            peers,
             direct,
             arenas,
             gathers,
@@ -225,10 +241,15 @@ impl HostCommunicator {
     /// A group of `world` ranks in this process, linked by channels: one communicator per
     /// rank, to be moved to one thread each. For tests and single-process use.
     pub fn local_group(world: usize, config: &CommConfig) -> Vec<HostCommunicator> {
-        local_group(world, config.lanes(), config.timeout)
-            .into_iter()
-            .map(|lanes| HostCommunicator::new(lanes).expect("spawning a communicator thread"))
-            .collect()
+        local_group(
+            world,
+            config.lanes(),
+            config.timeout,
+            config.divergence_grace,
+        )
+        .into_iter()
+        .map(|lanes| HostCommunicator::new(lanes).expect("spawning a communicator thread"))
+        .collect()
     }
 
     /// The lane for parameter gathers: a communicator of the same group with its own links to
@@ -242,7 +263,7 @@ impl HostCommunicator {
 
     /// Collectives issued on this lane so far (its gather lane's are counted there).
     pub fn issued(&self) -> u64 {
-        self.issued.load(Ordering::Relaxed)
+        self.peers.own().issued(self.lane)
     }
 
     /// How the data reaches each peer: `links()[peer]`, `None` for this rank.
@@ -290,7 +311,10 @@ impl HostCommunicator {
     /// [`Communicator::all_reduce`] gives.
     pub fn all_reduce_shared(&self, buf: SharedBuffer, op: ReduceOp) -> Pending<SharedBuffer> {
         let counts = algorithms::even_counts(buf.len(), self.world);
-        self.submit(|done| Job::Shared(InPlace::AllReduce(op), buf, counts, done))
+        let issued = Issued::of(OpKind::AllReduce, buf.dtype(), buf.as_bytes().len()).reducing(op);
+        self.submit(issued, |done| {
+            Job::Shared(InPlace::AllReduce(op), buf, counts, done)
+        })
     }
 
     /// Reduces `buf` over all ranks in place into uneven chunks, as
@@ -303,7 +327,10 @@ impl HostCommunicator {
         op: ReduceOp,
         counts: Vec<usize>,
     ) -> Pending<SharedBuffer> {
-        self.submit(|done| Job::Shared(InPlace::ReduceScatter(op), buf, counts, done))
+        let issued = Issued::of(OpKind::ReduceScatter, buf.dtype(), buf.as_bytes().len());
+        self.submit(issued.reducing(op), |done| {
+            Job::Shared(InPlace::ReduceScatter(op), buf, counts, done)
+        })
     }
 
     /// All-gather in place, tagged as [`HostCommunicator::all_gather_counts`]: this rank's
@@ -315,13 +342,27 @@ impl HostCommunicator {
         counts: Vec<usize>,
         tag: u32,
     ) -> Pending<SharedBuffer> {
-        self.submit(|done| Job::Shared(InPlace::AllGather(tag), buf, counts, done))
+        let issued = Issued::of(OpKind::AllGather, buf.dtype(), buf.as_bytes().len());
+        self.submit(issued.tagged(tag), |done| {
+            Job::Shared(InPlace::AllGather(tag), buf, counts, done)
+        })
     }
 
-    /// Queues a collective.
-    fn submit<T>(&self, make: impl FnOnce(Done<T>) -> Job) -> Pending<T> {
-        self.issued.fetch_add(1, Ordering::Relaxed);
-        submit(self.rank, self.jobs.as_ref(), make)
+    /// Queues a collective, `issued` describing it; its wait is watched for divergence
+    /// across lanes. Its sequence number on the lane is the worker's only when one thread
+    /// issues on the lane at a time, which the order of collectives needs anyway.
+    fn submit<T>(&self, issued: Issued, make: impl FnOnce(Done<T>) -> Job) -> Pending<T> {
+        let seq = self.peers.own().issue(self.lane);
+        let mut pending = submit(self.rank, self.jobs.as_ref(), make);
+        if pending.ready.is_none() {
+            pending.watch = Some(Watch {
+                peers: self.peers.clone(),
+                lane: self.lane,
+                seq,
+                issued,
+            });
+        }
+        pending
     }
 
     /// All-gather into uneven chunks, tagged: every rank gets the concatenation, in rank
@@ -338,7 +379,10 @@ impl HostCommunicator {
         counts: Vec<usize>,
         tag: u32,
     ) -> Pending<HostBuffer> {
-        self.submit(|done| Job::AllGatherCounts(shard, counts, tag, None, done))
+        let issued = Issued::of(OpKind::AllGather, shard.dtype(), shard.as_bytes().len());
+        self.submit(issued.tagged(tag), |done| {
+            Job::AllGatherCounts(shard, counts, tag, None, done)
+        })
     }
 
     /// [`HostCommunicator::all_gather_counts`] into `into`, which is returned holding the
@@ -352,7 +396,10 @@ impl HostCommunicator {
         tag: u32,
         into: HostBuffer,
     ) -> Pending<HostBuffer> {
-        self.submit(|done| Job::AllGatherCounts(shard, counts, tag, Some(into), done))
+        let issued = Issued::of(OpKind::AllGather, shard.dtype(), shard.as_bytes().len());
+        self.submit(issued.tagged(tag), |done| {
+            Job::AllGatherCounts(shard, counts, tag, Some(into), done)
+        })
     }
 
     /// Stops the group because of `reason`, a failure the caller found (say, a rank whose
@@ -375,6 +422,8 @@ impl HostCommunicator {
     /// Names the tags of later collectives in error messages: `labels[t - 1]` for tag `t`.
     /// Ordered with the collectives issued before and after it; it sends nothing.
     pub fn label_tags(&self, labels: Vec<String>) {
+        // The lanes share their progress: a long wait on either describes its tag with these.
+        self.peers.own().set_labels(labels.clone().into());
         if let Some(gathers) = &self.gathers {
             gathers.label_tags(labels.clone());
         }
@@ -411,7 +460,8 @@ impl Communicator for HostCommunicator {
     }
 
     fn all_reduce(&self, buf: HostBuffer, op: ReduceOp) -> Pending<HostBuffer> {
-        self.submit(|done| Job::AllReduce(buf, op, done))
+        let issued = Issued::of(OpKind::AllReduce, buf.dtype(), buf.as_bytes().len());
+        self.submit(issued.reducing(op), |done| Job::AllReduce(buf, op, done))
     }
 
     fn reduce_scatter(&self, buf: HostBuffer, op: ReduceOp) -> Pending<HostBuffer> {
@@ -425,19 +475,24 @@ impl Communicator for HostCommunicator {
         op: ReduceOp,
         counts: Vec<usize>,
     ) -> Pending<HostBuffer> {
-        self.submit(|done| Job::ReduceScatter(buf, op, counts, done))
+        let issued = Issued::of(OpKind::ReduceScatter, buf.dtype(), buf.as_bytes().len());
+        self.submit(issued.reducing(op), |done| {
+            Job::ReduceScatter(buf, op, counts, done)
+        })
     }
 
     fn all_gather(&self, shard: HostBuffer, total_len: usize) -> Pending<HostBuffer> {
-        self.submit(|done| Job::AllGather(shard, total_len, done))
+        let issued = Issued::of(OpKind::AllGather, shard.dtype(), shard.as_bytes().len());
+        self.submit(issued, |done| Job::AllGather(shard, total_len, done))
     }
 
     fn broadcast(&self, buf: HostBuffer, root: usize) -> Pending<HostBuffer> {
-        self.submit(|done| Job::Broadcast(buf, root, done))
+        let issued = Issued::of(OpKind::Broadcast, buf.dtype(), buf.as_bytes().len());
+        self.submit(issued, |done| Job::Broadcast(buf, root, done))
     }
 
     fn barrier(&self) -> Pending<()> {
-        self.submit(Job::Barrier)
+        self.submit(Issued::new(OpKind::Barrier), Job::Barrier)
     }
 }
 

@@ -13,6 +13,10 @@ pub const MAX_TIMEOUT: Duration = Duration::from_secs(30 * 24 * 3600);
 /// hello, all of its bytes together.
 pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long a collective waits before it asks its peers where they stand (see
+/// [`CommConfig::divergence_grace`]).
+pub const DEFAULT_DIVERGENCE_GRACE: Duration = Duration::from_secs(1);
+
 /// Settings of a communicator and its rendezvous.
 #[derive(Debug, Clone)]
 pub struct CommConfig {
@@ -37,6 +41,13 @@ pub struct CommConfig {
     /// must be the same on every rank; the environment variable `BURN_DIST_GATHER_LANE=0`
     /// turns it off for [`init`](crate::init).
     pub gather_lane: bool,
+    /// How long a caller waits for a collective before it asks every peer, over the control
+    /// connection, how far it has issued on each lane and what it waits for. Ranks that wait
+    /// for each other on different lanes (each in a collective another has not issued, which
+    /// no header can show) are then found, twice a grace apart, and the group is aborted with
+    /// [`CommError::Diverged`](crate::CommError::Diverged) naming what each waits in, instead
+    /// of waiting out [`Self::timeout`]. Waits shorter than this send nothing.
+    pub divergence_grace: Duration,
 }
 
 impl Default for CommConfig {
@@ -48,6 +59,7 @@ impl Default for CommConfig {
             handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
             shared_memory: true,
             gather_lane: true,
+            divergence_grace: DEFAULT_DIVERGENCE_GRACE,
         }
     }
 }
@@ -69,6 +81,12 @@ impl CommConfig {
     /// The same settings with the gather lane on or off (see [`Self::gather_lane`]).
     pub fn with_gather_lane(mut self, on: bool) -> Self {
         self.gather_lane = on;
+        self
+    }
+
+    /// The same settings with another [`Self::divergence_grace`].
+    pub fn with_divergence_grace(mut self, grace: Duration) -> Self {
+        self.divergence_grace = grace;
         self
     }
 

@@ -48,6 +48,17 @@ pub enum CommError {
         got_tag: u32,
     },
 
+    /// Ranks wait for each other on different lanes, each in a collective another has not
+    /// issued, so none can go on (found by asking the peers after
+    /// [`CommConfig::divergence_grace`](crate::CommConfig::divergence_grace)): their programs
+    /// diverged where no header could show it, since headers are compared within a lane.
+    #[error(
+        "the ranks diverged across the communicator's lanes, each waiting for a collective that \
+         another has not issued: {detail}. Every rank must issue the same collectives in the \
+         same order on each lane"
+    )]
+    Diverged { detail: String },
+
     /// The caller passed arguments that cannot work.
     #[error("invalid {op}: {reason}")]
     InvalidArgument { op: String, reason: String },

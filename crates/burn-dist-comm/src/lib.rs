@@ -24,6 +24,7 @@ mod buffer;
 mod communicator;
 mod config;
 mod direct;
+mod divergence;
 pub mod env;
 mod error;
 mod gate;
@@ -44,7 +45,9 @@ mod wire;
 
 pub use buffer::{DType, HUGE_PAGE_RESULT_BYTES, HostBuffer, ReduceOp};
 pub use communicator::{Communicator, HostCommunicator, Pending};
-pub use config::{CommConfig, DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_TIMEOUT, MAX_TIMEOUT};
+pub use config::{
+    CommConfig, DEFAULT_DIVERGENCE_GRACE, DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_TIMEOUT, MAX_TIMEOUT,
+};
 pub use env::RankInfo;
 pub use error::{CommError, Result};
 pub use init::{Group, connect, init};

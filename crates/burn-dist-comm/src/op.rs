@@ -61,6 +61,16 @@ pub enum Lane {
     Gather,
 }
 
+impl Lane {
+    /// Its place among a rank's lanes: 0 for the main lane, 1 for the gather lane.
+    pub(crate) fn index(self) -> usize {
+        match self {
+            Lane::Main => 0,
+            Lane::Gather => 1,
+        }
+    }
+}
+
 /// One collective as issued by this rank: what it is, its sequence number and its size.
 /// Displays as `all_reduce #17 (f32 sum, 12.5 MiB)`.
 #[derive(Debug, Clone, PartialEq)]

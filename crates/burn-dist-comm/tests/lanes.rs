@@ -11,7 +11,8 @@ use burn_dist_comm::testing::{
     TEST_TOKEN, linked_group, rank_data, reference_reduce, run_ranks, test_store,
 };
 use burn_dist_comm::{
-    CommConfig, CommError, Communicator, DType, HostBuffer, HostCommunicator, Link, ReduceOp,
+    CommConfig, CommError, Communicator, DType, HostBuffer, HostCommunicator, Link, Pending,
+    ReduceOp,
 };
 
 #[derive(Clone, Copy, Debug)]
@@ -190,4 +191,88 @@ fn ranks_that_disagree_on_the_gather_lane_are_refused_by_name() {
         "{}",
         errors[1]
     );
+}
+
+/// Rank 0 waits in a gather on the gather lane that the other ranks never issue, and they wait
+/// in a barrier on the main lane that rank 0 never issues: no message of one reaches the
+/// other's lane, so no header can show it. With the default collective timeout (10 minutes),
+/// every rank fails within a few seconds all the same, and its error names what each rank
+/// waits in (the gather by its label) and who has not issued it.
+#[test]
+fn ranks_waiting_for_each_other_on_different_lanes_fail_within_seconds_naming_both() {
+    let config = CommConfig::default();
+    for (wire, world) in [
+        (Wire::Local, 2),
+        (Wire::Local, 3),
+        (Wire::Tcp, 2),
+        (Wire::Shm, 2),
+    ] {
+        let started = Instant::now();
+        let errors = run_ranks(group(wire, world, &config), |rank, comm| {
+            comm.label_tags(vec!["layers.2.weight".into()]);
+            let failed = match rank {
+                0 => comm
+                    .gather_lane()
+                    .all_gather_counts(HostBuffer::U8(vec![1; 4]), vec![4; world], 1)
+                    .wait()
+                    .map(drop),
+                _ => comm.barrier().wait(),
+            };
+            failed.expect_err("the ranks wait for each other")
+        });
+        let elapsed = started.elapsed();
+        assert!(
+            elapsed < Duration::from_secs(15),
+            "{wire:?}, {world} ranks: failed after {elapsed:?}"
+        );
+        for (rank, error) in errors.iter().enumerate() {
+            let message = error.to_string();
+            for part in [
+                "rank 0 waits in all_gather #0 on the gather lane tag 1 (u8, 4 B) \
+                 (`layers.2.weight`), which rank 1 (issued 0 there)",
+                "rank 1 waits in barrier #0 on the main lane, which rank 0 (issued 0 there) has \
+                 not issued",
+            ] {
+                assert!(
+                    message.contains(part),
+                    "{wire:?}, {world} ranks, rank {rank}: {message}"
+                );
+            }
+            assert!(
+                matches!(
+                    error,
+                    CommError::Diverged { .. } | CommError::Aborted { .. }
+                ),
+                "{wire:?} rank {rank}: {error:?}"
+            );
+        }
+    }
+}
+
+/// A rank that waits long for a peer busy computing (not waiting in any collective) is no
+/// divergence: with a grace of 10 ms, the peer computes for 40 graces before it issues the
+/// gather, and both finish.
+#[test]
+fn a_long_wait_for_a_peer_that_computes_is_not_taken_for_a_divergence() {
+    let config = CommConfig::default().with_divergence_grace(Duration::from_millis(10));
+    for wire in WIRES {
+        let results = run_ranks(group(wire, 2, &config), |rank, comm| {
+            // Both issue the barrier; rank 1 then computes before the gather rank 0 waits in.
+            let mut barrier = Some(comm.barrier());
+            if rank == 1 {
+                barrier.take().expect("issued").wait()?;
+                std::thread::sleep(Duration::from_millis(400)); // stands for compute
+            }
+            let gathered = comm
+                .gather_lane()
+                .all_gather_counts(HostBuffer::U8(vec![rank as u8; 4]), vec![4, 4], 1)
+                .wait()?;
+            barrier.map_or(Ok(()), Pending::wait)?;
+            Ok::<_, CommError>(gathered)
+        });
+        for (rank, result) in results.into_iter().enumerate() {
+            let gathered = result.unwrap_or_else(|e| panic!("{wire:?} rank {rank}: {e}"));
+            assert_eq!(gathered.as_bytes(), [0, 0, 0, 0, 1, 1, 1, 1], "{wire:?}");
+        }
+    }
 }

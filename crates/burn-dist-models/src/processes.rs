@@ -4,9 +4,13 @@
 
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ExitStatus};
+use std::process::{Child, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
+
+use burn_dist_comm::store::StoreClient;
+use burn_dist_comm::testing::{TEST_TOKEN, test_store};
+use burn_dist_comm::{CommConfig, HostCommunicator};
 
 /// `burn-dist-run`, built by the same `cargo test --workspace` next to the test's binary.
 pub fn launcher() -> PathBuf {
@@ -248,4 +252,55 @@ pub fn assert_plain_logs(mut command: std::process::Command, dir: &Path, what: &
         );
     }
     text
+}
+
+/// Set in the children of [`run_this_test_as_ranks`]: the child's rank, the world size, and
+/// the store to join.
+const TEST_RANK_VAR: &str = "BURN_DIST_TEST_RANK";
+const TEST_WORLD_VAR: &str = "BURN_DIST_TEST_WORLD";
+const TEST_STORE_VAR: &str = "BURN_DIST_TEST_STORE";
+
+/// Runs test `test` of this test binary again in `world` child processes, one rank each, which
+/// join through a store this process hosts ([`join_as_test_rank`] in the test), with `env`
+/// added: ranks that share no autodiff graph, no allocator and no thread, as under a launcher.
+/// Watched as [`watch_all`], with `quiet`; returns each rank's exit status and lines.
+pub fn run_this_test_as_ranks(
+    test: &str,
+    world: usize,
+    config: &CommConfig,
+    env: &[(&str, &str)],
+    quiet: Duration,
+) -> Vec<(ExitStatus, Vec<String>)> {
+    let store = test_store(world, config);
+    let exe = std::env::current_exe().expect("this test binary");
+    let mut children: Vec<Child> = (0..world)
+        .map(|rank| {
+            std::process::Command::new(&exe)
+                .args(["--exact", test, "--nocapture", "--test-threads", "1"])
+                .env(TEST_RANK_VAR, rank.to_string())
+                .env(TEST_WORLD_VAR, world.to_string())
+                .env(TEST_STORE_VAR, store.local_addr().to_string())
+                .envs(env.iter().copied())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("starting a rank of this test")
+        })
+        .collect();
+    let ended = watch_all(&mut children, quiet, |_, _| false);
+    drop(store);
+    ended
+}
+
+/// In a child of [`run_this_test_as_ranks`]: its rank and its communicator, joined with
+/// `config`; `None` when the test runs as itself (it has nothing to do then).
+pub fn join_as_test_rank(config: &CommConfig) -> Option<(usize, HostCommunicator)> {
+    let var = |name: &str| std::env::var(name).ok();
+    let rank: usize = var(TEST_RANK_VAR)?.parse().expect("a rank");
+    let world: usize = var(TEST_WORLD_VAR)?.parse().expect("a world size");
+    let store = var(TEST_STORE_VAR)?.parse().expect("the store's address");
+    let client = StoreClient::connect(store, TEST_TOKEN, rank, config).expect("joining the store");
+    let comm = burn_dist_comm::connect(rank, world, &client, TEST_TOKEN, config)
+        .expect("joining the mesh");
+    Some((rank, comm))
 }

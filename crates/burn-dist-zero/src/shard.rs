@@ -561,11 +561,13 @@ impl Shard {
     ///
     /// At stage 3 every rank also brings the digest and the count of its uses of the sharded
     /// parameters during the step (`ParamShards::end_step`): ranks whose sequences differ fail,
-    /// every one of them naming the first rank that differs from rank 0.
+    /// every one of them naming the first rank that differs from rank 0, and which phases have
+    /// a new gather schedule to share (`ParamShards::new_schedules`), which must be the same.
     fn agree(&self, found_inf: bool, sum_sq: f64) -> Result<(bool, f64)> {
         let uses = self.shards.as_ref().map(|shards| shards.end_step());
+        let new_schedules = self.shards.as_ref().map_or(0, |s| s.new_schedules());
         let mut mine = sum_sq.to_le_bytes().to_vec();
-        mine.extend_from_slice(&[u8::from(found_inf), 0, 0, 0, 0, 0, 0, 0]);
+        mine.extend_from_slice(&[u8::from(found_inf), new_schedules, 0, 0, 0, 0, 0, 0]);
         if let Some((digest, count)) = uses {
             mine.extend_from_slice(&digest.to_le_bytes());
             mine.extend_from_slice(&count.to_le_bytes());
@@ -599,7 +601,9 @@ impl Shard {
         }
         if let Some(shards) = &self.shards {
             // The ranks used the parameters in the same order: a recorded one becomes the
-            // gather schedule.
+            // gather schedule, once every rank has one for the same phases.
+            let every_rank: Vec<u8> = all.chunks_exact(per_rank).map(|rank| rank[9]).collect();
+            shards.check_new_schedules(&every_rank)?;
             shards.adopt_schedules()?;
         }
         Ok((any_inf || !(total as f32).is_finite(), total))

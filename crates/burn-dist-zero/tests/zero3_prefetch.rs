@@ -14,11 +14,11 @@ use burn_dist::{
     ShardStats, Sharded,
 };
 use burn_dist_comm::testing::run_ranks;
-use burn_dist_comm::{CommConfig, HostCommunicator};
+use burn_dist_comm::{CommConfig, CommError, HostCommunicator};
 use burn_dist_testing::{
     MLP_SIZES, Mlp, Synthetic, parameters, shard_rows, small_bucket_config, synthetic_rows,
 };
-use burn_dist_zero::{ZeroAdam, ZeroAdamConfig};
+use burn_dist_zero::{ZeroAdam, ZeroAdamConfig, ZeroError};
 use burn_flex::{Flex, FlexDevice};
 
 type Stage3 = Autodiff<DistributedBackend<Flex, Sharded>>;
@@ -58,13 +58,24 @@ fn mlp_step<M: AutodiffModule<Stage3>>(
     step: usize,
     forward: impl Fn(&M, Tensor<Stage3, 2>) -> Tensor<Stage3, 2>,
 ) -> M {
+    try_mlp_step(ddp, zero, model, step, forward).unwrap()
+}
+
+/// [`mlp_step`], returning what the optimizer step returned.
+fn try_mlp_step<M: AutodiffModule<Stage3>>(
+    ddp: &mut Ddp,
+    zero: &mut ZeroAdam,
+    model: M,
+    step: usize,
+    forward: impl Fn(&M, Tensor<Stage3, 2>) -> Tensor<Stage3, 2>,
+) -> Result<M, ZeroError> {
     let rows = shard_rows(GLOBAL_BATCH, ddp.rank(), ddp.world_size());
     let [input, .., output] = MLP_SIZES;
     let x = synthetic_rows::<Stage3, 2>(0, step, [GLOBAL_BATCH, input], rows.clone(), &FlexDevice);
     let y = synthetic_rows::<Stage3, 2>(1, step, [GLOBAL_BATCH, output], rows, &FlexDevice);
     let loss = (forward(&model, x) - y).powi_scalar(2).mean();
     let grads = ddp.backward(loss, &model).unwrap().unwrap();
-    zero.step(LR, model, grads, ddp).unwrap().0
+    Ok(zero.step(LR, model, grads, ddp)?.0)
 }
 
 /// Every rank's final parameters and shard counters after `steps` ZeroAdam stage-3 steps.
@@ -431,7 +442,8 @@ fn backward_gathers_its_weights_in_reverse_as_one_unit() {
 
 /// Each rank checks its own recorded order against rank 0's. The step's digests agree first,
 /// so only a digest collision (injected here: a use recorded on rank 1 alone) gets this far;
-/// the rank whose order differs is named with the first entry where it does, and both sides.
+/// the rank whose order differs is named with the first entry where it does, and both sides,
+/// and it aborts the group, so that rank 0 fails too, naming it, and no rank adopts anything.
 #[test]
 fn a_rank_whose_order_differs_from_rank_zeros_is_named_with_the_first_difference() {
     let comms = HostCommunicator::local_group(2, &CommConfig::default());
@@ -453,8 +465,6 @@ fn a_rank_whose_order_differs_from_rank_zeros_is_named_with_the_first_difference
             shards.schedule(Phase::Train).map(|(order, _)| order),
         )
     });
-    assert!(outcomes[0].0.is_ok(), "rank 0 adopts its own order");
-    assert_eq!(outcomes[0].1.as_deref(), Some(&[0][..]));
     match &outcomes[1].0 {
         Err(DistError::Schedule {
             rank: 1,
@@ -468,7 +478,43 @@ fn a_rank_whose_order_differs_from_rank_zeros_is_named_with_the_first_difference
         }
         other => panic!("rank 1: {other:?}"),
     }
-    assert_eq!(outcomes[1].1, None, "rank 1 adopted no schedule");
+    match &outcomes[0].0 {
+        Err(DistError::Comm(CommError::Aborted { by: 1, reason })) => {
+            assert!(reason.contains("differs from rank 0's"), "{reason}");
+        }
+        other => panic!("rank 0: {other:?}"),
+    }
+    for (rank, (_, adopted)) in outcomes.iter().enumerate() {
+        assert_eq!(*adopted, None, "rank {rank} adopted a schedule");
+    }
+}
+
+/// Which phases have a new schedule to share is agreed in the step's agreement, before any is
+/// shared: a rank whose window was turned off alone (`set_prefetch`) records nothing, and
+/// every rank fails the step naming it, rather than rank 0 sharing a schedule rank 1 does not
+/// expect.
+#[test]
+fn ranks_that_differ_in_which_schedules_they_recorded_fail_the_step_naming_the_rank() {
+    let comms = HostCommunicator::local_group(2, &CommConfig::default());
+    let outcomes = run_ranks(comms, |rank, comm| {
+        let mlp = Mlp::<Stage3>::new(&MLP_SIZES, 7, &FlexDevice);
+        let (mut ddp, model, mut zero) = start(comm, PrefetchConfig::new(), mlp);
+        if rank == 1 {
+            let shards = ddp.param_shards().unwrap();
+            shards.set_prefetch(PrefetchConfig::OFF);
+        }
+        try_mlp_step(&mut ddp, &mut zero, model, 0, |model, x| model.forward(x)).map(drop)
+    });
+    for (rank, outcome) in outcomes.iter().enumerate() {
+        match outcome {
+            Err(ZeroError::Dist(DistError::NewSchedules {
+                rank: 1,
+                phase: Phase::Train,
+                here: false,
+            })) => {}
+            other => panic!("rank {rank}: {other:?}"),
+        }
+    }
 }
 
 /// Burn's attention applies its query, key and value projections one after the other: their

@@ -324,7 +324,7 @@ impl Ddp {
     /// and the optimizers know.
     pub fn prepare<B: AutodiffBackend, M: Module<B>>(&mut self, model: M) -> Result<M> {
         let survey = Survey::of::<B, M>(&model);
-        self.check_same_model(&survey.fingerprint)?;
+        self.check_same_model(&survey.fingerprint, &[])?;
         let rank0 = self
             .comm
             .broadcast(HostBuffer::U8(survey.bytes), 0)
@@ -386,9 +386,16 @@ impl Ddp {
         mark_for_sync(model)
     }
 
-    /// Every rank gathers every rank's fingerprint, so every rank reports the same mismatch.
-    pub(crate) fn check_same_model(&self, fingerprint: &[String]) -> Result<()> {
-        let all = self.all_gather_bytes(fingerprint.join("\n").into_bytes())?;
+    /// Every rank gathers every rank's fingerprint and `settings` (name, value on one line),
+    /// in one collective, so every rank reports the same mismatch: a setting first.
+    pub(crate) fn check_same_model(
+        &self,
+        fingerprint: &[String],
+        settings: &[(&'static str, String)],
+    ) -> Result<()> {
+        let mut mine: Vec<&str> = settings.iter().map(|(_, value)| value.as_str()).collect();
+        mine.extend(fingerprint.iter().map(String::as_str));
+        let all = self.all_gather_bytes(mine.join("\n").into_bytes())?;
         let lines = |text: &[u8]| -> Vec<String> {
             String::from_utf8_lossy(text)
                 .lines()
@@ -396,8 +403,24 @@ impl Ddp {
                 .collect()
         };
         let rank0 = lines(&all[0]);
+        let count = settings.len();
         for (rank, text) in all.iter().enumerate().skip(1) {
-            if let Some(difference) = first_difference(&rank0, &lines(text), rank) {
+            let other = lines(text);
+            for (i, (setting, _)) in settings.iter().enumerate() {
+                if other.get(i) != rank0.get(i) {
+                    return Err(DistError::SettingMismatch {
+                        setting,
+                        rank,
+                        here: other.get(i).cloned().unwrap_or_default(),
+                        rank0: rank0.get(i).cloned().unwrap_or_default(),
+                    });
+                }
+            }
+            let (rank0, other) = (
+                &rank0[count.min(rank0.len())..],
+                &other[count.min(other.len())..],
+            );
+            if let Some(difference) = first_difference(rank0, other, rank) {
                 return Err(DistError::ModelMismatch(difference));
             }
         }

@@ -17,6 +17,19 @@ pub enum DistError {
     #[error("the ranks have different models: {0}")]
     ModelMismatch(String),
 
+    /// The ranks prepared their models with different settings that must be the same on
+    /// every rank (ZeRO stage 3's `DdpConfig::prefetch`: which gathers each rank issues ahead).
+    #[error(
+        "the ranks prepared the model with different settings: `{setting}` is `{here}` on rank \
+         {rank} but `{rank0}` on rank 0; every rank must use the same"
+    )]
+    SettingMismatch {
+        setting: &'static str,
+        rank: usize,
+        here: String,
+        rank0: String,
+    },
+
     /// A gradient hook saw a parameter that `Ddp::prepare` did not register.
     #[error(
         "a marked parameter ({id}) is not registered with the reducer: call `Ddp::prepare` on \
@@ -219,6 +232,22 @@ pub enum DistError {
         position: usize,
         here: String,
         rank0: String,
+    },
+
+    /// ZeRO stage 3: at an optimizer step some ranks recorded a new gather schedule of a phase
+    /// to agree on and others did not, so their gathers ahead already differed (their
+    /// `PrefetchConfig`s or their earlier schedules differ).
+    #[error(
+        "rank {rank} {} a new {phase:?} gather schedule to agree on at this step, and rank 0 {}: \
+         the ranks' gather schedules or their `PrefetchConfig`s differ (set it on every rank \
+         alike, `DdpConfig::prefetch` or `ParamShards::set_prefetch`)",
+        if *here { "has" } else { "has no" },
+        if *here { "has none" } else { "has one" }
+    )]
+    NewSchedules {
+        rank: usize,
+        phase: crate::sharding::Phase,
+        here: bool,
     },
 
     /// An internal invariant did not hold (a bug, or a misuse with no better name).

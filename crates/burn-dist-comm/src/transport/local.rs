@@ -11,6 +11,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use super::{Abort, Link, Rx, Transport, Tx, check_header};
+use crate::divergence::{Peers, Progress, RankState};
 use crate::wire::Header;
 use crate::{CommError, OpDesc, Result};
 
@@ -53,18 +54,23 @@ struct LocalAbort {
     /// Every inbox of every rank, all lanes.
     inboxes: Vec<Sender<Envelope>>,
     failure: OnceLock<CommError>,
+    /// Every rank's progress (index = rank), read directly when a wait asks where the ranks
+    /// stand: they share this process.
+    progress: Arc<[Arc<Progress>]>,
 }
 
 /// One lane's inbox of every rank: the senders, and the receivers (index = rank).
 type LaneChannels = (Vec<Sender<Envelope>>, Vec<Receiver<Envelope>>);
 
 /// The transports of a group of `world` ranks with `lanes` independent lanes each:
-/// `group[rank][lane]`.
+/// `group[rank][lane]`. A wait past `grace` checks for ranks waiting on different lanes.
 pub(crate) fn local_group(
     world: usize,
     lanes: usize,
     timeout: Duration,
+    grace: Duration,
 ) -> Vec<Vec<LocalTransport>> {
+    let progress: Arc<[Arc<Progress>]> = (0..world).map(|_| Progress::new(grace)).collect();
     let mut lane_channels: Vec<LaneChannels> = (0..lanes)
         .map(|_| (0..world).map(|_| channel()).unzip())
         .collect();
@@ -83,6 +89,7 @@ pub(crate) fn local_group(
                 rank,
                 inboxes: every_inbox.clone(),
                 failure: OnceLock::new(),
+                progress: progress.clone(),
             });
             lane_channels
                 .iter()
@@ -193,6 +200,16 @@ impl Abort for LocalAbort {
     }
 }
 
+impl Peers for LocalAbort {
+    fn own(&self) -> &Arc<Progress> {
+        &self.progress[self.rank]
+    }
+
+    fn states(&self, _patience: Duration) -> Vec<Option<RankState>> {
+        self.progress.iter().map(|p| Some(p.state())).collect()
+    }
+}
+
 impl Transport for LocalTransport {
     fn rank(&self) -> usize {
         self.tx.rank
@@ -211,6 +228,10 @@ impl Transport for LocalTransport {
 
     fn parts(&mut self) -> (&dyn Tx, &mut dyn Rx, &dyn Abort) {
         (&self.tx, &mut self.rx, &*self.abort)
+    }
+
+    fn peers(&self) -> Arc<dyn Peers> {
+        self.abort.clone()
     }
 
     fn close(&mut self) {

@@ -117,8 +117,15 @@ fn link(
     };
     #[cfg(not(target_os = "linux"))]
     let arenas = None;
-    ProcessTransport::lanes(rank, links, lanes, config.timeout, arenas)
-        .map_err(|e| CommError::io("setting up peer links", e))
+    ProcessTransport::lanes(
+        rank,
+        links,
+        lanes,
+        config.timeout,
+        config.divergence_grace,
+        arenas,
+    )
+    .map_err(|e| CommError::io("setting up peer links", e))
 }
 
 fn peer_address(store: &StoreClient, peer: usize) -> Result<SocketAddr> {

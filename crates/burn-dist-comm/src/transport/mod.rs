@@ -45,6 +45,7 @@ impl NoArena {
     }
 }
 
+use crate::divergence::Peers;
 use crate::wire::Header;
 use crate::{CommError, OpDesc, Result};
 
@@ -129,6 +130,9 @@ pub(crate) trait Transport: Send {
     fn arenas(&self) -> Option<std::sync::Arc<Arenas>> {
         None
     }
+    /// What the rank's lanes share to check, while a caller waits long, that the group has not
+    /// diverged across lanes (see `divergence`).
+    fn peers(&self) -> std::sync::Arc<dyn Peers>;
     /// Aborts the group with `error` (see [`Abort::abort`]).
     fn abort(&mut self, error: CommError) -> CommError {
         self.parts().2.abort(error)

@@ -3,7 +3,8 @@
 //!   TCP connection, or for two ranks on one host a pair of shared-memory rings (`shm`). Each
 //!   lane is a transport of its own, run by its own communicator worker;
 //! - one TCP control connection for all lanes, watched by one thread per peer, that carries
-//!   aborts and goodbyes.
+//!   aborts and goodbyes, and a rank's questions "where are you?" after a long wait and their
+//!   answers (`divergence`).
 //!
 //! The control connection is what makes failures loud and fast: when a peer dies, the kernel
 //! closes its sockets, every rank's watchdog sees it at once (not only the ranks that happen
@@ -19,12 +20,18 @@ use std::time::Duration;
 
 use super::link::{DataLink, Link};
 use super::{Abort, Arenas, Rx, Transport, Tx, check_header, recv_into_scratch};
+use crate::divergence::{Peers, Progress, RankState};
 use crate::wire::{HEADER_LEN, Header};
 use crate::{CommError, OpDesc, Result};
 
 const CONTROL_ABORT: u8 = 1;
 const CONTROL_GOODBYE: u8 = 2;
-/// Abort reasons longer than this are cut; they are one-line messages.
+/// "Where are you?", with the question's number (`Peers::states`).
+const CONTROL_QUESTION: u8 = 3;
+/// The answer: the question's number, then the rank's `RankState`.
+const CONTROL_ANSWER: u8 = 4;
+/// Frames longer than this are cut (an abort's reason is a one-line message; an answer is
+/// bounded below it).
 const MAX_REASON: usize = 4096;
 
 /// The links to one peer: one data link per lane, and the control connection.
@@ -70,6 +77,18 @@ struct Shared {
     closing: AtomicBool,
     /// Signalled when `failure` is set, for `io_error`'s grace wait.
     failed: (Mutex<()>, Condvar),
+    /// What this rank has issued and waits for, which peers ask about.
+    progress: Arc<Progress>,
+    /// This rank's latest question to its peers and their answers, signalled as they come.
+    answers: (Mutex<Answers>, Condvar),
+    /// One question at a time.
+    asking: Mutex<()>,
+}
+
+/// The answers to question number `question`, by peer.
+struct Answers {
+    question: u64,
+    states: Vec<Option<RankState>>,
 }
 
 /// How long a rank that saw a peer's connection close waits for that peer's abort (or the
@@ -86,6 +105,7 @@ impl ProcessTransport {
         links: Vec<Option<PeerLink>>,
         lanes: usize,
         timeout: Duration,
+        grace: Duration,
         arenas: Option<Arc<Arenas>>,
     ) -> io::Result<Vec<Self>> {
         let world = links.len();
@@ -116,6 +136,15 @@ impl ProcessTransport {
             departed: (0..world).map(|_| AtomicBool::new(false)).collect(),
             closing: AtomicBool::new(false),
             failed: (Mutex::new(()), Condvar::new()),
+            progress: Progress::new(grace),
+            answers: (
+                Mutex::new(Answers {
+                    question: 0,
+                    states: vec![None; world],
+                }),
+                Condvar::new(),
+            ),
+            asking: Mutex::new(()),
         });
         let mut transports = Vec::with_capacity(lanes);
         for lane in 0..lanes {
@@ -184,6 +213,8 @@ fn watch(peer: usize, mut control: TcpStream, shared: &Shared) {
             reason.clear();
         }
         match kind[0] {
+            CONTROL_QUESTION => shared.answer(peer, &reason),
+            CONTROL_ANSWER => shared.take_answer(peer, &reason),
             CONTROL_ABORT => {
                 let reason = String::from_utf8_lossy(&reason).into_owned();
                 shared.abort(CommError::Aborted { by: peer, reason });
@@ -197,16 +228,51 @@ fn watch(peer: usize, mut control: TcpStream, shared: &Shared) {
     }
 }
 
+/// A control frame: its kind, its length, then `payload` (cut to [`MAX_REASON`] bytes).
+fn control_frame(kind: u8, payload: &[u8]) -> Vec<u8> {
+    let payload = &payload[..payload.len().min(MAX_REASON)];
+    let mut frame = vec![kind];
+    frame.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    frame.extend_from_slice(payload);
+    frame
+}
+
 impl Shared {
     fn send_control(&self, kind: u8, reason: &str) {
-        let reason = &reason.as_bytes()[..reason.len().min(MAX_REASON)];
-        let mut frame = vec![kind];
-        frame.extend_from_slice(&(reason.len() as u32).to_le_bytes());
-        frame.extend_from_slice(reason);
+        let frame = control_frame(kind, reason.as_bytes());
         for control in self.control.iter().flatten() {
             if let Ok(mut stream) = control.lock() {
                 _ = stream.write_all(&frame);
             }
+        }
+    }
+
+    fn send_control_to(&self, peer: usize, frame: &[u8]) {
+        if let Some(control) = &self.control[peer]
+            && let Ok(mut stream) = control.lock()
+        {
+            _ = stream.write_all(frame);
+        }
+    }
+
+    /// `peer` asked where this rank stands (`question`: its number): the answer goes back.
+    fn answer(&self, peer: usize, question: &[u8]) {
+        let mut payload = question.to_vec();
+        payload.extend_from_slice(&self.progress.state().encode());
+        self.send_control_to(peer, &control_frame(CONTROL_ANSWER, &payload));
+    }
+
+    /// `peer`'s answer to a question; kept if it answers the latest.
+    fn take_answer(&self, peer: usize, answer: &[u8]) {
+        let Some((number, state)) = answer.split_at_checked(8) else {
+            return;
+        };
+        let number = u64::from_le_bytes(number.try_into().expect("8 bytes"));
+        let (lock, signal) = &self.answers;
+        let mut answers = lock.lock().unwrap_or_else(|e| e.into_inner());
+        if answers.question == number {
+            answers.states[peer] = RankState::decode(state);
+            signal.notify_all();
         }
     }
 
@@ -279,6 +345,39 @@ impl Abort for Shared {
 
     fn failure(&self) -> Option<CommError> {
         self.failure.get().cloned()
+    }
+}
+
+impl Peers for Shared {
+    fn own(&self) -> &Arc<Progress> {
+        &self.progress
+    }
+
+    /// Asks every peer over its control connection and waits up to `patience` for all answers.
+    fn states(&self, patience: Duration) -> Vec<Option<RankState>> {
+        let _asking = self.asking.lock().unwrap_or_else(|e| e.into_inner());
+        let (lock, signal) = &self.answers;
+        let question = {
+            let mut answers = lock.lock().unwrap_or_else(|e| e.into_inner());
+            answers.question += 1;
+            answers.states.iter_mut().for_each(|s| *s = None);
+            answers.question
+        };
+        let frame = control_frame(CONTROL_QUESTION, &question.to_le_bytes());
+        for peer in (0..self.control.len()).filter(|&p| p != self.rank) {
+            self.send_control_to(peer, &frame);
+        }
+        let answers = lock.lock().unwrap_or_else(|e| e.into_inner());
+        let everyone = |answers: &mut Answers| {
+            (0..answers.states.len()).all(|p| p == self.rank || answers.states[p].is_some())
+        };
+        let (mut answers, _) = signal
+            .wait_timeout_while(answers, patience, |answers| !everyone(answers))
+            .unwrap_or_else(|e| e.into_inner());
+        let mut states = std::mem::take(&mut answers.states);
+        answers.states = vec![None; states.len()];
+        states[self.rank] = Some(self.progress.state());
+        states
     }
 }
 
@@ -413,6 +512,10 @@ impl Transport for ProcessTransport {
 
     fn arenas(&self) -> Option<Arc<Arenas>> {
         self.arenas.clone()
+    }
+
+    fn peers(&self) -> Arc<dyn Peers> {
+        self.shared.clone()
     }
 
     fn links(&self) -> Vec<Option<Link>> {

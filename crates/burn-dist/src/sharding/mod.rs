@@ -31,8 +31,10 @@
 //!
 //! Collective order now follows the user's program, so ranks that run different programs
 //! diverge. Every gather carries its parameter as a tag (`CommError::Mismatch` names both
-//! sides' parameters), and every use is hashed into a digest the optimizer step compares across
-//! ranks (`DistError::UseSequence`).
+//! sides' parameters); a rank left waiting in a gather while a peer waits on the main lane is
+//! found by the communicator within seconds (`CommError::Diverged` names both waits); and
+//! every use is hashed, with its phase and how it was served, into a digest the optimizer step
+//! compares across ranks (`DistError::UseSequence`).
 
 mod frame;
 mod handle;

@@ -295,13 +295,17 @@ impl ParamShards {
         self.drop_kept();
     }
 
-    /// After every rank agreed on the step's sequence of uses (the step's digest): rank 0's
-    /// recorded sequence of each phase whose round was recorded is shared, every rank checks
-    /// its own against it (the ends of backward passes included), and it becomes the phase's
-    /// schedule.
+    /// After every rank agreed on the step's sequence of uses (the step's digest) and on which
+    /// phases have a new one ([`ParamShards::check_new_schedules`]): rank 0's recorded sequence
+    /// of each such phase is shared, every rank checks its own against it (the ends of
+    /// backward passes included), and once every rank has, they become the phases'
+    /// schedules. A rank whose sequence differs fails with [`crate::DistError::Schedule`] and
+    /// aborts the group, as [`ParamShards::check_model`] does, so that every other rank fails
+    /// here too, naming it, instead of gathering ahead what this rank will not.
     pub fn adopt_schedules(&self) -> crate::Result<()> {
         use burn_dist_comm::Communicator;
         let candidates = std::mem::take(&mut self.state().candidates);
+        let mut agreed = Vec::new();
         for (phase, order) in Phase::ALL.into_iter().zip(candidates) {
             let Some(order) = order else { continue };
             // The digests agreed, so every rank should hold the same sequence; rank 0's length
@@ -329,14 +333,25 @@ impl ParamShards {
                     Some(&BACKWARD_END) => "the end of a backward pass".to_string(),
                     Some(&i) => format!("`{}`", self.params[i].name),
                 };
-                return Err(crate::DistError::Schedule {
+                let error = crate::DistError::Schedule {
                     rank: self.rank(),
                     phase,
                     position,
                     here: name(order.get(position)),
                     rank0: name(rank0.get(position)),
-                });
+                };
+                self.comm.abort(error.to_string());
+                return Err(error);
             }
+            agreed.push((phase, order));
+        }
+        if agreed.is_empty() {
+            return Ok(());
+        }
+        // Every rank has checked its sequences: a rank that found a difference aborted the group,
+        // and the others learn it here rather than at their next gather.
+        self.comm.barrier().wait()?;
+        for (phase, order) in agreed {
             self.scheduler().adopt(
                 phase,
                 order,

@@ -340,7 +340,10 @@ impl Ddp {
         }
         let mut plan = ShardPlan::default();
         model.visit(&mut plan);
-        self.check_same_model(&plan.lines)?;
+        // The window decides which gathers each rank issues ahead: ranks that differ would
+        // pair different gathers.
+        let prefetch = format!("{:?}", self.prefetch);
+        self.check_same_model(&plan.lines, &[("DdpConfig::prefetch", prefetch)])?;
         let layout = FlatLayout::new(&plan.trainable_numels(), self.world_size(), SHARD_ALIGN);
         let mut stream = Stream::<X> {
             ddp: self,

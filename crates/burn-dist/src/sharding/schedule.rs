@@ -33,7 +33,9 @@
 //!   again: the next optimizer step agrees on it as the new plan.
 //!
 //! Every rank runs the same program, so every rank issues the same gathers in the same order;
-//! a rank that does not fails at the gather whose tag differs, or at the step's agreement.
+//! a rank that does not fails at the gather whose tag differs, within seconds where its peer
+//! waits on the main lane (the communicator asks the peers where they are), or at the step's
+//! agreement.
 //! Which phase a use belongs to is the handle's: `model.valid()` (Burn's evaluation model)
 //! marks its parameters as evaluation ones.
 //!
@@ -95,7 +97,8 @@ pub enum Phase {
 }
 
 impl Phase {
-    fn slot(self) -> usize {
+    /// Its index among the phases (`Phase::ALL`).
+    pub(crate) fn slot(self) -> usize {
         match self {
             Phase::Train => 0,
             Phase::Eval => 1,

@@ -180,6 +180,17 @@ pub(super) struct State {
     pub(super) candidates: [Option<Vec<usize>>; 2],
 }
 
+/// How a use was served, as the step's digest counts it.
+#[derive(Clone, Copy)]
+enum DigestedUse {
+    /// Gathered for an op.
+    Op = 0,
+    /// Gathered outside any op (a read).
+    Read = 1,
+    /// Served by the tensor an earlier use kept, with no gather.
+    Kept = 2,
+}
+
 const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
 const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
 
@@ -388,7 +399,7 @@ impl ParamShards {
             Fetched::Kept { keep } => match self.take_kept::<B>(index) {
                 Some(tensor) => {
                     // Its bytes are live since the use that kept it.
-                    self.count_again(index);
+                    self.count_again(index, phase);
                     return self.keep_or_hold::<B>(index, tensor, keep, counted);
                 }
                 // Dropped since the use that kept it, because the pieces changed or an
@@ -403,7 +414,7 @@ impl ParamShards {
             },
             Fetched::Part { part, keep } => (part, keep),
         };
-        self.count(index, counted);
+        self.count(index, counted, phase);
         let tensor = self.materialize::<B>(index, part, device);
         self.keep_or_hold::<B>(index, tensor, keep, counted)
     }
@@ -537,18 +548,30 @@ impl ParamShards {
         state.digest = (state.digest ^ entry as u64).wrapping_mul(FNV_PRIME);
     }
 
+    /// One more use of the step's sequence: parameter `index`, with how it was served
+    /// (`served`: [`DigestedUse`]) and its phase, so that ranks that used the same parameters
+    /// in another phase, or one as a read where another's op gathered it, differ.
+    fn hash_use(&self, index: usize, served: DigestedUse, phase: Phase) {
+        self.hash_into_digest(index);
+        self.hash_into_digest(2 * served as usize + phase.slot());
+    }
+
     /// A use served by the tensor an earlier use kept ([`Fetched::Kept`]): one more use
     /// of the step's sequence, and no gather (its bytes are live already).
-    fn count_again(&self, index: usize) {
-        self.hash_into_digest(index);
+    fn count_again(&self, index: usize, phase: Phase) {
+        self.hash_use(index, DigestedUse::Kept, phase);
         let mut state = self.state();
         state.stats.uses += 1;
         state.stats.served_again += 1;
     }
 
-    pub(super) fn count(&self, index: usize, counted: Use) {
+    pub(super) fn count(&self, index: usize, counted: Use, phase: Phase) {
         let bytes = self.params[index].bytes();
-        self.hash_into_digest(index);
+        let served = match counted {
+            Use::Op => DigestedUse::Op,
+            Use::Read => DigestedUse::Read,
+        };
+        self.hash_use(index, served, phase);
         let mut state = self.state();
         let stats = &mut state.stats;
         stats.uses += 1;
@@ -567,7 +590,7 @@ impl ParamShards {
     /// that only the step's agreement on the digests can see the ranks differ.
     #[doc(hidden)]
     pub fn inject_use(&self, index: usize) {
-        self.count(index, Use::Read);
+        self.count(index, Use::Read, Phase::Train);
     }
 
     /// `bytes` of gathered parameters are no longer held: the op that held them returned, or
@@ -584,8 +607,43 @@ impl ParamShards {
         failure.map(|(index, source)| self.gather_error(index, source))
     }
 
-    /// Ends the current step's accounting: returns the digest of its sequence of uses and
-    /// their count, which every rank must agree on, and starts the next step (uses, digest and
+    /// Which phases (bit [`Phase`] `Train` = 1, `Eval` = 2) have a new gather schedule to agree
+    /// on, recorded in the step that [`ParamShards::end_step`] ended: [`ParamShards::adopt_schedules`]
+    /// shares one per bit, so every rank must have the same bits
+    /// ([`ParamShards::check_new_schedules`]) before it runs.
+    pub fn new_schedules(&self) -> u8 {
+        let state = self.state();
+        Phase::ALL
+            .into_iter()
+            .filter(|phase| state.candidates[phase.slot()].is_some())
+            .map(|phase| 1 << phase.slot())
+            .sum()
+    }
+
+    /// Checks every rank's [`ParamShards::new_schedules`] (index = rank; the step's agreement
+    /// gathers them) against rank 0's: a rank that differs is [`DistError::NewSchedules`] on
+    /// every rank alike.
+    pub fn check_new_schedules(&self, every_rank: &[u8]) -> Result<()> {
+        let rank0 = every_rank.first().copied().unwrap_or(0);
+        for (rank, &bits) in every_rank.iter().enumerate() {
+            let differ = bits ^ rank0;
+            if let Some(phase) = Phase::ALL
+                .into_iter()
+                .find(|phase| differ & (1 << phase.slot()) != 0)
+            {
+                return Err(DistError::NewSchedules {
+                    rank,
+                    phase,
+                    here: bits & (1 << phase.slot()) != 0,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Ends the current step's accounting: returns the digest of its sequence of uses (each
+    /// with its phase and how it was served) and their count, which every rank must agree on,
+    /// and starts the next step (uses, digest and
     /// peak start again; the peak becomes `last_step_peak_bytes`).
     pub fn end_step(&self) -> (u64, u64) {
         let (candidates, dropped) = self.scheduler().end_step();
