@@ -277,6 +277,12 @@ impl HostCommunicator {
         SharedBuffer::on_heap(dtype, len)
     }
 
+    /// This lane's view of every rank's arena, for tests of how the peers' are mapped.
+    #[cfg(test)]
+    pub(crate) fn arenas(&self) -> Option<&Arc<Arenas>> {
+        self.arenas.as_ref()
+    }
+
     /// Whether `buf` lies in this group's shared memory (made by this group's
     /// [`shared_buffer`](Self::shared_buffer), not another group's), so that this group's
     /// collectives can read it in place.

@@ -46,7 +46,7 @@ pub use buffer::{DType, HUGE_PAGE_RESULT_BYTES, HostBuffer, ReduceOp};
 pub use communicator::{Communicator, HostCommunicator, Pending};
 pub use config::{CommConfig, DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_TIMEOUT, MAX_TIMEOUT};
 pub use env::RankInfo;
-pub use error::{CommError, Result};
+pub use error::{CommError, Result, SharedFileProblem};
 pub use init::{Group, connect, init};
 #[cfg(feature = "cuda")]
 pub use nccl::{DeviceBuffer, InPlaceGroup, InPlaceOp, NcclCommunicator, RawSlice};

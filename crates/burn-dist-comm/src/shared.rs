@@ -114,6 +114,27 @@ impl SharedBuffer {
         }
     }
 
+    /// Bytes `range` of the buffer (inside its length), for writing, and no byte outside
+    /// them: what an in-place collective writes while peers touch the rest of the buffer (see
+    /// `Region::range_mut`).
+    pub(crate) fn range_mut(&mut self, range: std::ops::Range<usize>) -> &mut [u8] {
+        let bytes = self.len * self.dtype.size();
+        assert!(
+            range.end <= bytes,
+            "bytes {range:?} of a {bytes}-byte buffer"
+        );
+        match &mut self.storage {
+            Storage::Heap(words) => &mut bytemuck::cast_slice_mut(words)[range],
+            #[cfg(target_os = "linux")]
+            Storage::Arena(region) => region.range_mut(range),
+        }
+    }
+
+    /// Its length in bytes.
+    pub(crate) fn byte_len(&self) -> usize {
+        self.len * self.dtype.size()
+    }
+
     /// The elements, if the buffer holds f32.
     pub fn as_f32(&self) -> Option<&[f32]> {
         (self.dtype == DType::F32).then(|| bytemuck::cast_slice(self.as_bytes()))

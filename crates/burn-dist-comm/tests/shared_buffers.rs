@@ -133,6 +133,44 @@ fn shared_buffers_over_shared_memory_are_read_in_place_and_reduce_bitwise_like_t
     }
 }
 
+/// The gather lane maps its peers' arenas read-only: an all-reduce there, which in place
+/// would write into the peers' buffers, goes through the links with the same bits, while its
+/// all-gather still reads in place.
+#[test]
+fn on_the_gather_lane_an_all_reduce_goes_through_the_links_and_a_gather_reads_in_place() {
+    let world = 2;
+    let (_store, comms) = linked_group(world, &CommConfig::default(), Link::SharedMemory);
+    let len = 70_001;
+    let inputs: Vec<_> = (0..world)
+        .map(|q| rank_data(DType::F32, len, 13, q))
+        .collect();
+    let expected = reference_reduce(&inputs, ReduceOp::Sum);
+    let counted = run_ranks(comms, |rank, comm| {
+        let lane = comm.gather_lane();
+        let reduced = lane
+            .all_reduce_shared(
+                buffer(&comm, Place::Communicator, &inputs[rank]),
+                ReduceOp::Sum,
+            )
+            .wait()
+            .expect("all_reduce_shared on the gather lane");
+        assert_eq!(reduced.to_host(), expected, "rank {rank}'s sum");
+        let after_reduce = lane.direct_collectives();
+        let counts = vec![len / 2, len - len / 2];
+        let gathered = lane
+            .all_gather_shared(reduced, counts, 3)
+            .wait()
+            .expect("all_gather_shared");
+        assert_eq!(gathered.to_host(), expected, "rank {rank}'s gather");
+        (after_reduce, lane.direct_collectives())
+    });
+    assert_eq!(
+        counted,
+        vec![(0, 1); world],
+        "(after the all-reduce, after the gather)"
+    );
+}
+
 #[test]
 fn shared_buffers_elsewhere_live_on_the_heap_and_go_through_the_links() {
     let (_store, comms) = linked_group(3, &CommConfig::default(), Link::Tcp);
