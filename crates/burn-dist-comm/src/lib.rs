@@ -52,6 +52,6 @@ pub use init::{Group, connect, init};
 pub use nccl::{DeviceBuffer, InPlaceGroup, InPlaceOp, NcclCommunicator, RawSlice};
 pub use op::{Lane, OpDesc, OpKind, human_bytes};
 pub use reduce::chunk_range;
-pub use shared::SharedBuffer;
+pub use shared::{SharedBuffer, SharedMemory};
 pub use threads::ThreadShare;
 pub use transport::Link;

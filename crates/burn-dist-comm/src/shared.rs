@@ -4,6 +4,17 @@ use std::fmt;
 
 use crate::{DType, HostBuffer};
 
+/// What this rank's shared buffers hold in its arena under `/dev/shm`
+/// ([`HostCommunicator::shared_memory`](crate::HostCommunicator::shared_memory)), in bytes
+/// (whole pages): the memory reserved for the buffers alive, and the most reserved at once
+/// since the group formed. The host holds these pages once, though the kernel counts a page
+/// in the resident memory (`RssShmem`) of every rank that read it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SharedMemory {
+    pub held: usize,
+    pub peak: usize,
+}
+
 /// A flat buffer for the communicator's in-place collectives
 /// ([`HostCommunicator::all_reduce_shared`](crate::HostCommunicator::all_reduce_shared) and its
 /// siblings), made by [`HostCommunicator::shared_buffer`](crate::HostCommunicator::shared_buffer).

@@ -25,7 +25,7 @@ use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use memmap2::{MmapOptions, MmapRaw};
@@ -47,6 +47,10 @@ pub(crate) struct Arena {
     /// Whether a refused allocation has been reported (once: a job whose `/dev/shm` is too
     /// small would otherwise say so at every gather).
     refusal_told: AtomicBool,
+    /// Bytes of the regions alive (their memory reserved), and the most at once since the
+    /// arena was made.
+    held: AtomicUsize,
+    peak: AtomicUsize,
 }
 
 impl Arena {
@@ -69,6 +73,8 @@ impl Arena {
             map,
             free: Mutex::new(BTreeMap::from([(0, capacity)])),
             refusal_told: AtomicBool::new(false),
+            held: AtomicUsize::new(0),
+            peak: AtomicUsize::new(0),
         })
     }
 
@@ -115,11 +121,21 @@ impl Arena {
             self.refused(size, &why.to_string());
             return None;
         }
+        let held = self.held.fetch_add(size, Ordering::Relaxed) + size;
+        self.peak.fetch_max(held, Ordering::Relaxed);
         Some(Region {
             arena: self.clone(),
             offset,
             size,
         })
+    }
+
+    /// Bytes of the regions alive now, and the most alive at once since the arena was made.
+    pub(crate) fn usage(&self) -> (usize, usize) {
+        (
+            self.held.load(Ordering::Relaxed),
+            self.peak.load(Ordering::Relaxed),
+        )
     }
 
     /// The first free range of `size` bytes, taken off the free list.
@@ -246,6 +262,7 @@ impl Region {
 
 impl Drop for Region {
     fn drop(&mut self) {
+        self.arena.held.fetch_sub(self.size, Ordering::Relaxed);
         self.arena.release(self.offset, self.size);
     }
 }
@@ -406,7 +423,13 @@ pub(crate) mod tests {
         let c = arena.alloc(PAGE).unwrap();
         assert_eq!(c.offset(), 0);
         assert!(c.bytes(PAGE).iter().all(|&x| x == 0));
+        assert_eq!(
+            arena.usage(),
+            (3 * PAGE, 3 * PAGE),
+            "b's two pages and c's one"
+        );
         drop((b, c));
+        assert_eq!(arena.usage(), (0, 3 * PAGE));
         // Everything coalesced back into one range: the whole arena fits again.
         assert!(arena.alloc(16 * PAGE).is_some());
     }
