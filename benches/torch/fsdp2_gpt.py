@@ -12,17 +12,24 @@ device, `fully_shard` on each block and then on the root, `to_empty`, then initi
 (GPT-2's normal(0.02) and scaled residual projections). AdamW (foreach), gloo, one thread per
 rank. Every rank prints one line:
 
-    fsdp2 rank R baseline_mib B peak_mib P step_s S1,S2,...
+    fsdp2 rank R baseline_mib B peak_mib P peak_pss_mib Q baseline_pss_mib C step_s S1,S2,...
 
 `baseline_mib`: resident memory once torch is imported and the process group is up, before
 the model (the runtime's own cost); `peak_mib`: the high-water mark of resident memory (VmHWM)
-at the end; `step_s`: each step's wall time.
+at the end; `peak_pss_mib`: the most proportional set size (private memory plus this rank's
+share of each shared page, such as torch's libraries, which the 4 ranks map alike), read by
+the rule gpt-pretrain's `peak_pss_mib` follows (`examples/gpt-pretrain/src/memory.rs`: resident
+memory polled every millisecond, PSS read when it is within a sixteenth (at least 32 MiB) of
+its highest and has risen by a quarter of that since the step's last reading, and at the end
+of each step); `baseline_pss_mib`: PSS at the baseline's moment; `step_s`: each step's wall
+time.
 """
 
 import argparse
 import math
 import os
 import sys
+import threading
 import time
 
 import torch
@@ -30,6 +37,56 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed.fsdp import fully_shard
+
+
+PAGE = os.sysconf("SC_PAGE_SIZE")
+MIB = 1 << 20
+
+
+def pss_bytes():
+    with open("/proc/self/smaps_rollup") as f:
+        for line in f:
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def resident_bytes():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * PAGE
+
+
+class PssSampler:
+    """gpt-pretrain's `PssSampler` (examples/gpt-pretrain/src/memory.rs), the same rule."""
+
+    def __init__(self):
+        self.peak = pss_bytes()
+        self.step = 0
+        self.stop = False
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self):
+        highest, read_at, step, next_reading = 0, 0, 0, 0.0
+        while not self.stop:
+            if self.step != step:
+                step, read_at = self.step, 0
+            resident = resident_bytes()
+            highest = max(highest, resident)
+            band = max(highest // 16, 32 * MIB)
+            near_top = resident + band >= highest and resident >= read_at + band // 4
+            if near_top and time.perf_counter() >= next_reading:
+                started = time.perf_counter()
+                self.peak = max(self.peak, pss_bytes())
+                next_reading = time.perf_counter() + 2 * (time.perf_counter() - started)
+                read_at = resident
+            time.sleep(0.001)
+
+    def next_step(self):
+        self.step += 1
+
+    def end_step(self):
+        self.peak = max(self.peak, pss_bytes())
 
 
 def status_kib(field):
@@ -109,6 +166,8 @@ def main():
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     baseline = status_kib("VmRSS:") / 1024
+    baseline_pss = pss_bytes() / MIB
+    sampler = PssSampler()
 
     with torch.device("meta"):
         model = Gpt(args.layers, args.width, args.heads, args.vocab, args.context)
@@ -128,6 +187,7 @@ def main():
     times = []
     for _ in range(args.steps):
         tokens = torch.randint(args.vocab, (args.batch, args.context + 1), generator=gen)
+        sampler.next_step()
         started = time.perf_counter()
         logits = model(tokens[:, :-1])
         loss = F.cross_entropy(logits.reshape(-1, args.vocab), tokens[:, 1:].reshape(-1))
@@ -136,10 +196,16 @@ def main():
         optim.zero_grad(set_to_none=True)
         dist.barrier()
         times.append(time.perf_counter() - started)
+        sampler.end_step()
     peak = status_kib("VmHWM:") / 1024
+    sampler.stop = True
+    peak_pss = sampler.peak / MIB
     steps = ",".join(f"{t:.3f}" for t in times)
     # One write per report: the ranks share torchrun's stdout.
-    sys.stdout.write(f"fsdp2 rank {rank} baseline_mib {baseline:.0f} peak_mib {peak:.0f} step_s {steps}\n")
+    sys.stdout.write(
+        f"fsdp2 rank {rank} baseline_mib {baseline:.0f} peak_mib {peak:.0f} "
+        f"peak_pss_mib {peak_pss:.0f} baseline_pss_mib {baseline_pss:.0f} step_s {steps}\n"
+    )
     sys.stdout.flush()
     dist.destroy_process_group()
 

@@ -1,5 +1,7 @@
 //! `cargo xtask bench-zero3`: the GPT-2 124M shape on 4 ranks of this machine, one after the
-//! other in one run, each rank's peak resident memory and the step time, for Burn's AdamW
+//! other in one run, each rank's peak memory (PSS: private memory plus its share of each shared
+//! page, read at the steps' high points by one rule for every configuration, FSDP2's included;
+//! VmHWM beside it) and the step time, for Burn's AdamW
 //! (replicated), ZeroAdam at stages 1, 2 and 3, stage 3 with its gathers on demand and with
 //! its gathers on the main lane (`BURN_DIST_GATHER_LANE=0`) too, and the time stage 3's steps
 //! wait for their gathers (gpt-pretrain through burn-dist-run), and
@@ -24,9 +26,14 @@ struct Figures {
     name: String,
     /// Median wall time of the timed steps, s.
     step_s: f64,
-    /// Every rank's peak resident memory (VmHWM), MiB.
+    /// Every rank's peak proportional set size (private memory plus its share of each shared
+    /// page, read at the steps' high points by one rule for both: gpt-pretrain's
+    /// `peak_pss_mib`, `fsdp2_gpt.py`'s), MiB: what a rank costs the host.
     peak_mib: Vec<f64>,
-    /// What the runtime alone holds (PyTorch: torch imported, process group up), MiB.
+    /// Every rank's peak resident memory (VmHWM), MiB: shared pages counted in full in every
+    /// rank that maps them (the peers' gather buffers at stage 3, torch's libraries).
+    hwm_mib: Vec<f64>,
+    /// What the runtime alone holds (PyTorch: torch imported, process group up), PSS, MiB.
     baseline_mib: Option<f64>,
     /// Stage 3: median seconds per timed step that rank 0's ops waited for gathers.
     gather_wait_s: Option<f64>,
@@ -36,6 +43,11 @@ impl Figures {
     /// The largest rank's peak, MiB: what the table's "max" column and the chart show.
     fn max_peak_mib(&self) -> f64 {
         self.peak_mib.iter().copied().fold(0.0, f64::max)
+    }
+
+    /// The largest rank's VmHWM, MiB.
+    fn max_hwm_mib(&self) -> f64 {
+        self.hwm_mib.iter().copied().fold(0.0, f64::max)
     }
 }
 
@@ -150,12 +162,12 @@ fn print_rounds(results: &[[Figures; 3]], steps: usize) {
         results.len()
     );
     println!(
-        "| round | stage 2 (s) | stage 3 (s) | FSDP2 (s) | stage 3 / stage 2 | stage 3 / FSDP2 | stage 3 waits (s/step) | peaks: stage 2 / stage 3 / FSDP2 (MiB) |"
+        "| round | stage 2 (s) | stage 3 (s) | FSDP2 (s) | stage 3 / stage 2 | stage 3 / FSDP2 | stage 3 waits (s/step) | peak PSS: stage 2 / stage 3 / FSDP2 (MiB) | VmHWM: stage 2 / stage 3 / FSDP2 (MiB) |"
     );
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|");
     for (round, [two, three, fsdp]) in results.iter().enumerate() {
         println!(
-            "| {} | {:.2} | {:.2} | {:.2} | {:.3} | {:.3} | {} | {:.0} / {:.0} / {:.0} |",
+            "| {} | {:.2} | {:.2} | {:.2} | {:.3} | {:.3} | {} | {:.0} / {:.0} / {:.0} | {:.0} / {:.0} / {:.0} |",
             round + 1,
             two.step_s,
             three.step_s,
@@ -167,7 +179,10 @@ fn print_rounds(results: &[[Figures; 3]], steps: usize) {
                 .map_or("-".into(), |w| format!("{w:.2}")),
             two.max_peak_mib(),
             three.max_peak_mib(),
-            fsdp.max_peak_mib()
+            fsdp.max_peak_mib(),
+            two.max_hwm_mib(),
+            three.max_hwm_mib(),
+            fsdp.max_hwm_mib()
         );
     }
     let (over_two, over_fsdp) = median_ratios(results);
@@ -245,21 +260,26 @@ fn read_metrics(name: &str, metrics: &std::path::Path, steps: usize) -> Result<F
     let text = std::fs::read_to_string(metrics)
         .map_err(|e| format!("reading {}: {e}", metrics.display()))?;
     let tokens = (BATCH * CONTEXT) as f64;
-    let (mut times, mut peak_mib, mut waits) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut times, mut waits) = (Vec::new(), Vec::new());
+    let (mut peak_mib, mut hwm_mib) = (Vec::new(), Vec::new());
     for line in text.lines().filter(|l| !l.trim().is_empty()) {
         let step = number_after(line, "\"step\":").ok_or("a record without a step")? as usize;
         if timed(step, steps) {
             times.push(tokens / number_after(line, "\"tokens_per_s\":").ok_or("no tokens_per_s")?);
             waits.extend(number_after(line, "\"gather_wait_s\":"));
         }
-        if let Some(peaks) = list_after(line, "\"peak_rss_mib\":[") {
+        if let Some(peaks) = list_after(line, "\"peak_pss_mib\":[") {
             peak_mib = peaks;
+        }
+        if let Some(peaks) = list_after(line, "\"peak_rss_mib\":[") {
+            hwm_mib = peaks;
         }
     }
     Ok(Figures {
         name: name.into(),
         step_s: median(times),
         peak_mib,
+        hwm_mib,
         baseline_mib: None,
         gather_wait_s: (!waits.is_empty()).then(|| median(waits)),
     })
@@ -294,7 +314,8 @@ fn fsdp2(python: &std::path::Path, steps: usize) -> Result<Figures, String> {
             String::from_utf8_lossy(&out.stderr)
         ));
     }
-    let mut ranks: Vec<(usize, f64, f64, Vec<f64>)> = Vec::new();
+    // (rank, baseline PSS, peak PSS, VmHWM, step times)
+    let mut ranks: Vec<(usize, f64, f64, f64, Vec<f64>)> = Vec::new();
     // The ranks share one pipe, and a rank's line can land right after another's last number
     // with no newline between them: every report starts a line of its own here.
     let stdout = stdout.replace("fsdp2 rank ", "\nfsdp2 rank ");
@@ -318,7 +339,8 @@ fn fsdp2(python: &std::path::Path, steps: usize) -> Result<Figures, String> {
             .collect::<Result<Vec<_>, _>>()?;
         ranks.push((
             number("rank")? as usize,
-            number("baseline_mib")?,
+            number("baseline_pss_mib")?,
+            number("peak_pss_mib")?,
             number("peak_mib")?,
             times,
         ));
@@ -332,7 +354,7 @@ fn fsdp2(python: &std::path::Path, steps: usize) -> Result<Figures, String> {
     }
     // The ranks synchronize every step (a barrier ends it): rank 0's times are the job's.
     let times = ranks[0]
-        .3
+        .4
         .iter()
         .enumerate()
         .filter(|(i, _)| timed(i + 1, steps))
@@ -342,6 +364,7 @@ fn fsdp2(python: &std::path::Path, steps: usize) -> Result<Figures, String> {
         name: "PyTorch FSDP2 (gloo)".into(),
         step_s: median(times),
         peak_mib: ranks.iter().map(|r| r.2).collect(),
+        hwm_mib: ranks.iter().map(|r| r.3).collect(),
         baseline_mib: Some(ranks.iter().map(|r| r.1).fold(0.0, f64::max)),
         gather_wait_s: None,
     })
@@ -354,20 +377,21 @@ fn print_table(all: &[Figures], steps: usize) {
         steps - 1
     );
     println!(
-        "| configuration | step (s) | waiting for gathers (s/step) | peak per rank (MiB) | max | \
-         runtime baseline (MiB) |"
+        "| configuration | step (s) | waiting for gathers (s/step) | peak PSS per rank (MiB) | \
+         max | max VmHWM (MiB) | runtime baseline, PSS (MiB) |"
     );
-    println!("|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|");
     for f in all {
         let peaks: Vec<String> = f.peak_mib.iter().map(|p| format!("{p:.0}")).collect();
         let max = f.max_peak_mib();
         let baseline = f.baseline_mib.map_or("-".into(), |b| format!("{b:.0}"));
         let wait = f.gather_wait_s.map_or("-".into(), |w| format!("{w:.2}"));
         println!(
-            "| {} | {:.2} | {wait} | {} | {max:.0} | {baseline} |",
+            "| {} | {:.2} | {wait} | {} | {max:.0} | {:.0} | {baseline} |",
             f.name,
             f.step_s,
-            peaks.join(" / ")
+            peaks.join(" / "),
+            f.max_hwm_mib()
         );
     }
 }
@@ -382,11 +406,7 @@ fn bar_chart(all: &[Figures]) -> String {
     // Title, the value of a configuration, decimals shown.
     type Value = fn(&Figures) -> f64;
     let panels: [(&str, Value, usize); 2] = [
-        (
-            "peak resident memory per rank (MiB)",
-            Figures::max_peak_mib,
-            0,
-        ),
+        ("peak memory per rank, PSS (MiB)", Figures::max_peak_mib, 0),
         ("step time (s)", |f| f.step_s, 2),
     ];
     let width = LABEL_W + 2.0 * (BAR_W + 70.0);
@@ -448,6 +468,7 @@ mod tests {
             name: name.into(),
             step_s,
             peak_mib: vec![peak / 2.0, peak],
+            hwm_mib: vec![peak],
             baseline_mib: None,
             gather_wait_s: None,
         }

@@ -14,6 +14,7 @@ use crate::transport::local::local_group;
 use crate::transport::{Arenas, Link, Transport};
 use crate::{
     CommConfig, CommError, DType, HostBuffer, Lane, OpDesc, OpKind, ReduceOp, Result, SharedBuffer,
+    SharedMemory,
 };
 
 /// Collectives over flat buffers with asynchronous completion.
@@ -296,6 +297,23 @@ impl HostCommunicator {
             return buffer;
         }
         SharedBuffer::on_heap(dtype, len)
+    }
+
+    /// What this rank's shared buffers (of either lane) hold in `/dev/shm` now and at most;
+    /// zeros where the group has no arenas (every buffer on the heap).
+    pub fn shared_memory(&self) -> SharedMemory {
+        #[cfg(target_os = "linux")]
+        if let Some(arenas) = &self.arenas {
+            let (held, peak) = arenas.own.usage();
+            return SharedMemory { held, peak };
+        }
+        SharedMemory::default()
+    }
+
+    /// This lane's view of every rank's arena, for tests of how the peers' are mapped.
+    #[cfg(test)]
+    pub(crate) fn arenas(&self) -> Option<&Arc<Arenas>> {
+        self.arenas.as_ref()
     }
 
     /// Whether `buf` lies in this group's shared memory (made by this group's

@@ -17,9 +17,14 @@
 //! reduce-scatter and the all-reduce, chunk `c` of every buffer is touched by rank `c` alone;
 //! in the all-gather, a rank writes only the chunks of its own buffer that are not its own,
 //! and the peers read only its own. Peers write into a rank's buffer only in the all-reduce,
-//! and it reads what they wrote only after the closing barrier. Otherwise (a rank's buffer on
-//! the heap, or a peer on another host) every rank runs the ring algorithms of
-//! [`crate::algorithms`] on its buffer, with the same results.
+//! and it reads what they wrote only after the closing barrier. A rank borrows for writing
+//! only the bytes of its buffer that it alone touches in the phase (`SharedBuffer::range_mut`),
+//! never a slice over bytes a peer reads or writes meanwhile.
+//!
+//! Only the main lane maps the peers' arenas writable; on the gather lane they are read-only
+//! (`transport::shm::arena::Access`), so an all-reduce there goes through the links, as does
+//! every collective where a rank's buffer is on the heap or a peer on another host: every rank
+//! then runs the ring algorithms of [`crate::algorithms`] on its buffer, with the same results.
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -58,6 +63,7 @@ pub(crate) fn reduce_scatter(
         op,
         buf,
         counts,
+        Spread::No,
         |direct, buf| direct.fold_own(buf, reduce, Spread::No),
         |t, buf| scatter_through_links(t, op, buf, reduce, counts, scratch),
     )
@@ -75,6 +81,7 @@ pub(crate) fn all_gather(
         op,
         buf,
         counts,
+        Spread::No,
         |direct, buf| direct.copy_peers(buf),
         |t, buf| gather_through_links(t, op, buf, counts),
     )
@@ -97,6 +104,7 @@ pub(crate) fn all_reduce(
         op,
         buf,
         counts,
+        Spread::ToPeers,
         |direct, buf| direct.fold_own(buf, reduce, Spread::ToPeers),
         |t, buf| {
             scatter_through_links(t, op, buf, reduce, counts, scratch)?;
@@ -105,18 +113,20 @@ pub(crate) fn all_reduce(
     )
 }
 
-/// Every in-place collective's protocol: locate the buffers; if all are shared, `in_place`
-/// then a barrier (nobody reads a buffer before its peers' writes are done, or reuses one a
-/// peer still reads), else `links` on every rank.
+/// Every in-place collective's protocol: locate the buffers; if all are shared (and, for a
+/// collective that writes into the peers' buffers, `spread`, this lane may write them),
+/// `in_place` then a barrier (nobody reads a buffer before its peers' writes are done, or
+/// reuses one a peer still reads), else `links` on every rank.
 fn in_place_or_links(
     t: &mut dyn Transport,
     op: &OpDesc,
     buf: &mut SharedBuffer,
     counts: &[usize],
+    spread: Spread,
     in_place: impl FnOnce(&Direct, &mut SharedBuffer) -> Result<()>,
     links: impl FnOnce(&mut dyn Transport, &mut SharedBuffer) -> Result<()>,
 ) -> Result<Path> {
-    match Direct::locate(t, op, buf, counts)? {
+    match Direct::locate(t, op, buf, counts, spread)? {
         Some(direct) => {
             in_place(&direct, buf)?;
             barrier_small(t, op)?;
@@ -176,23 +186,26 @@ struct Direct<'op> {
 
 impl<'op> Direct<'op> {
     /// Tells every peer where this rank's buffer lies and learns where theirs do. `None` unless
-    /// every rank's buffer is in its arena; every rank gets the same answers, so every rank
-    /// takes the same path. Also the collective's start: a rank announces its buffer only once
-    /// the collective holds it.
+    /// every rank's buffer is in its arena and, where the collective writes into the peers'
+    /// buffers (`spread`), every rank's lane maps them writable (only the main lane does);
+    /// every rank gets the same answers, so every rank takes the same path. Also the
+    /// collective's start: a rank announces its buffer only once the collective holds it.
     fn locate(
         t: &mut dyn Transport,
         op: &'op OpDesc,
         buf: &SharedBuffer,
         counts: &[usize],
+        spread: Spread,
     ) -> Result<Option<Direct<'op>>> {
         let (rank, world) = (t.rank(), t.world());
         let arenas = t.arenas();
         let mine = Location {
             offset: arenas
                 .as_deref()
+                .filter(|arenas| spread == Spread::No || arenas.writes_peers())
                 .and_then(|arenas| arenas.offset_of(buf))
                 .map_or(NOT_SHARED, |offset| offset as u64),
-            bytes: buf.as_bytes().len() as u64,
+            bytes: buf.byte_len() as u64,
             counts: digest(counts),
         };
         let sent = mine.encode();
@@ -257,35 +270,40 @@ impl<'op> Direct<'op> {
         CommError::invalid(self.op.to_string(), reason)
     }
 
-    /// Folds this rank's chunk of every rank's buffer, in rank order, into its own; with
-    /// [`Spread::ToPeers`], also into the same place of every peer's buffer, tile by tile.
-    fn fold_own(&self, buf: &mut SharedBuffer, reduce: ReduceOp, spread: Spread) -> Result<()> {
-        let own = self.chunks[self.rank].clone();
-        let others = (0..self.chunks.len())
+    /// Bytes `range` of every peer's buffer (an empty slice for this rank's), to fold.
+    fn peers_at(&self, range: Range<usize>) -> Result<Vec<&[u8]>> {
+        (0..self.chunks.len())
             .map(|q| match q == self.rank {
                 true => Ok(&[][..]),
-                false => self.peer(q, own.clone()),
+                false => self.peer(q, range.clone()),
             })
-            .collect::<Result<Vec<&[u8]>>>()?;
+            .collect()
+    }
+
+    /// Folds this rank's chunk of every rank's buffer, in rank order, into its own; with
+    /// [`Spread::ToPeers`], also into the same place of every peer's buffer, tile by tile.
+    ///
+    /// Only this rank's chunk of its buffer is borrowed for writing: meanwhile peer `q` reads
+    /// chunk `q` of it (reduce-scatter) or writes it (all-reduce). The peers' bytes read are
+    /// their copies of this rank's chunk, which no one but this rank writes; in the all-reduce
+    /// each tile's slices of them are dropped before this rank writes the result there.
+    fn fold_own(&self, buf: &mut SharedBuffer, reduce: ReduceOp, spread: Spread) -> Result<()> {
+        let own = self.chunks[self.rank].clone();
         let dtype = buf.dtype();
-        let folded = &mut buf.as_bytes_mut()[own.clone()];
+        let folded = buf.range_mut(own.clone());
         if spread == Spread::No {
+            let others = self.peers_at(own)?;
             fold_in_rank_order(dtype, reduce, self.rank, folded, &others);
             return Ok(());
         }
         // Every element size divides the tile, so no tile splits an element.
         for start in (0..folded.len()).step_by(SPREAD_TILE) {
             let tile = start..(start + SPREAD_TILE).min(folded.len());
-            let parts: Vec<&[u8]> = (others.iter().enumerate())
-                .map(|(q, bytes)| match q == self.rank {
-                    true => &[][..],
-                    false => &bytes[tile.clone()],
-                })
-                .collect();
-            let out = &mut folded[tile.clone()];
-            fold_in_rank_order(dtype, reduce, self.rank, out, &parts);
+            let at = own.start + tile.start..own.start + tile.end;
+            let out = &mut folded[tile];
+            fold_in_rank_order(dtype, reduce, self.rank, out, &self.peers_at(at.clone())?);
             for q in (0..self.chunks.len()).filter(|&q| q != self.rank) {
-                self.write_peer(q, own.start + tile.start, out)?;
+                self.write_peer(q, at.start, out)?;
             }
         }
         Ok(())
@@ -301,12 +319,14 @@ impl<'op> Direct<'op> {
             .ok_or_else(|| self.outside(q, at..at + data.len()))
     }
 
-    /// Copies every peer's chunk out of its buffer into the same place of this one.
+    /// Copies every peer's chunk out of its buffer into the same place of this one. Each chunk
+    /// of this buffer is borrowed for writing alone, never this rank's own, which the peers
+    /// read meanwhile; the peers' chunks read are written by no one during an all-gather.
     fn copy_peers(&self, buf: &mut SharedBuffer) -> Result<()> {
-        let data = buf.as_bytes_mut();
         for (q, chunk) in self.chunks.iter().enumerate() {
             if q != self.rank {
-                data[chunk.clone()].copy_from_slice(self.peer(q, chunk.clone())?);
+                buf.range_mut(chunk.clone())
+                    .copy_from_slice(self.peer(q, chunk.clone())?);
             }
         }
         Ok(())

@@ -1,6 +1,7 @@
 //! The one error type of the communication layer. Every message names what is wrong: which rank,
 //! which collective, which variable or address.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::OpDesc;
@@ -97,6 +98,16 @@ pub enum CommError {
         second: String,
     },
 
+    /// A file a peer published under `/dev/shm` (a shared-memory arena or ring) is not one this
+    /// rank maps: burn-dist creates only regular files of the job's user that no one else may
+    /// open (mode 0600), so something else took its place. The set-up then links that peer
+    /// without it (the rings, or TCP) and says so in a warning that carries this error.
+    #[error("refusing to map {}: {problem}", path.display())]
+    SharedFileRefused {
+        path: PathBuf,
+        problem: SharedFileProblem,
+    },
+
     /// An operating-system error with what we were doing at the time.
     #[error("{context}: {message}")]
     Io { context: String, message: String },
@@ -104,6 +115,20 @@ pub enum CommError {
     /// The communicator has been shut down and takes no more work.
     #[error("the communicator of rank {rank} is shut down")]
     ShutDown { rank: usize },
+}
+
+/// Why [`CommError::SharedFileRefused`] refused a file.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SharedFileProblem {
+    /// A directory, a FIFO, a device, a socket or a symbolic link (never followed).
+    #[error("it is {0}, not a regular file")]
+    NotRegular(&'static str),
+    /// Another user's file.
+    #[error("it belongs to uid {owner}, not to this process's user (uid {expected})")]
+    Owner { owner: u32, expected: u32 },
+    /// Open to its group or to others, or not readable and writable by its owner.
+    #[error("its mode is {mode:04o}, not 0600 (read and write for its owner alone)")]
+    Mode { mode: u32 },
 }
 
 impl CommError {

@@ -49,12 +49,12 @@ pub use config::{
     CommConfig, DEFAULT_DIVERGENCE_GRACE, DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_TIMEOUT, MAX_TIMEOUT,
 };
 pub use env::RankInfo;
-pub use error::{CommError, Result};
+pub use error::{CommError, Result, SharedFileProblem};
 pub use init::{Group, connect, init};
 #[cfg(feature = "cuda")]
 pub use nccl::{DeviceBuffer, InPlaceGroup, InPlaceOp, NcclCommunicator, RawSlice};
 pub use op::{Lane, OpDesc, OpKind, human_bytes};
 pub use reduce::chunk_range;
-pub use shared::SharedBuffer;
+pub use shared::{SharedBuffer, SharedMemory};
 pub use threads::ThreadShare;
 pub use transport::Link;

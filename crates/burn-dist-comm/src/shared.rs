@@ -4,6 +4,17 @@ use std::fmt;
 
 use crate::{DType, HostBuffer};
 
+/// What this rank's shared buffers hold in its arena under `/dev/shm`
+/// ([`HostCommunicator::shared_memory`](crate::HostCommunicator::shared_memory)), in bytes
+/// (whole pages): the memory reserved for the buffers alive, and the most reserved at once
+/// since the group formed. The host holds these pages once, though the kernel counts a page
+/// in the resident memory (`RssShmem`) of every rank that read it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SharedMemory {
+    pub held: usize,
+    pub peak: usize,
+}
+
 /// A flat buffer for the communicator's in-place collectives
 /// ([`HostCommunicator::all_reduce_shared`](crate::HostCommunicator::all_reduce_shared) and its
 /// siblings), made by [`HostCommunicator::shared_buffer`](crate::HostCommunicator::shared_buffer).
@@ -112,6 +123,27 @@ impl SharedBuffer {
             #[cfg(target_os = "linux")]
             Storage::Arena(region) => region.bytes_mut(bytes),
         }
+    }
+
+    /// Bytes `range` of the buffer (inside its length), for writing, and no byte outside
+    /// them: what an in-place collective writes while peers touch the rest of the buffer (see
+    /// `Region::range_mut`).
+    pub(crate) fn range_mut(&mut self, range: std::ops::Range<usize>) -> &mut [u8] {
+        let bytes = self.len * self.dtype.size();
+        assert!(
+            range.end <= bytes,
+            "bytes {range:?} of a {bytes}-byte buffer"
+        );
+        match &mut self.storage {
+            Storage::Heap(words) => &mut bytemuck::cast_slice_mut(words)[range],
+            #[cfg(target_os = "linux")]
+            Storage::Arena(region) => region.range_mut(range),
+        }
+    }
+
+    /// Its length in bytes.
+    pub(crate) fn byte_len(&self) -> usize {
+        self.len * self.dtype.size()
     }
 
     /// The elements, if the buffer holds f32.

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use burn_dist_comm::testing::{linked_group, rank_data, reference_reduce, run_ranks};
 use burn_dist_comm::{
     CommConfig, Communicator, DType, HostBuffer, HostCommunicator, Link, ReduceOp, SharedBuffer,
+    SharedMemory,
 };
 
 /// How a rank's shared buffer is made.
@@ -126,17 +127,66 @@ fn shared_buffers_over_shared_memory_are_read_in_place_and_reduce_bitwise_like_t
         assert_eq!(shared.capacity(), 1024, "a whole page of f32");
         assert!(comms[0].holds(&shared) && !comms[1].holds(&shared));
         assert!(!comms[0].shared_buffer(DType::F32, 0).is_in_shared_memory());
+        // Its page is what rank 0's arena holds, for either lane; rank 1's holds nothing.
+        let held = SharedMemory {
+            held: 4096,
+            peak: 4096,
+        };
+        assert_eq!(comms[0].shared_memory(), held);
+        assert_eq!(comms[0].gather_lane().shared_memory(), held);
+        assert_eq!(comms[1].shared_memory(), SharedMemory::default());
         drop(shared);
+        let returned = SharedMemory { held: 0, ..held };
+        assert_eq!(comms[0].shared_memory(), returned);
         let direct = check_in_place_collectives(comms, &vec![Place::Communicator; world]);
         // 4 all-reduces, 4 reduce-scatters and the all-gather on the gather lane.
         assert_eq!(direct, vec![9; world], "{world} ranks");
     }
 }
 
+/// The gather lane maps its peers' arenas read-only: an all-reduce there, which in place
+/// would write into the peers' buffers, goes through the links with the same bits, while its
+/// all-gather still reads in place.
+#[test]
+fn on_the_gather_lane_an_all_reduce_goes_through_the_links_and_a_gather_reads_in_place() {
+    let world = 2;
+    let (_store, comms) = linked_group(world, &CommConfig::default(), Link::SharedMemory);
+    let len = 70_001;
+    let inputs: Vec<_> = (0..world)
+        .map(|q| rank_data(DType::F32, len, 13, q))
+        .collect();
+    let expected = reference_reduce(&inputs, ReduceOp::Sum);
+    let counted = run_ranks(comms, |rank, comm| {
+        let lane = comm.gather_lane();
+        let reduced = lane
+            .all_reduce_shared(
+                buffer(&comm, Place::Communicator, &inputs[rank]),
+                ReduceOp::Sum,
+            )
+            .wait()
+            .expect("all_reduce_shared on the gather lane");
+        assert_eq!(reduced.to_host(), expected, "rank {rank}'s sum");
+        let after_reduce = lane.direct_collectives();
+        let counts = vec![len / 2, len - len / 2];
+        let gathered = lane
+            .all_gather_shared(reduced, counts, 3)
+            .wait()
+            .expect("all_gather_shared");
+        assert_eq!(gathered.to_host(), expected, "rank {rank}'s gather");
+        (after_reduce, lane.direct_collectives())
+    });
+    assert_eq!(
+        counted,
+        vec![(0, 1); world],
+        "(after the all-reduce, after the gather)"
+    );
+}
+
 #[test]
 fn shared_buffers_elsewhere_live_on_the_heap_and_go_through_the_links() {
     let (_store, comms) = linked_group(3, &CommConfig::default(), Link::Tcp);
     assert!(!comms[0].shared_buffer(DType::F32, 10).is_in_shared_memory());
+    assert_eq!(comms[0].shared_memory(), SharedMemory::default());
     assert_eq!(
         check_in_place_collectives(comms, &[Place::Communicator; 3]),
         [0; 3]

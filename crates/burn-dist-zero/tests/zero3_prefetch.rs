@@ -440,6 +440,43 @@ fn backward_gathers_its_weights_in_reverse_as_one_unit() {
     }
 }
 
+/// A use waiting for its gather leaves the scheduler to the rank's other threads: one of them
+/// asks it for the window while rank 0's forward waits for rank 1, which starts its step only
+/// once that answer came. A scheduler locked through the wait would stall both ranks until the
+/// collective timeout, and the gather would fail. Step 1 gathers each parameter alone, step 2
+/// its unit on demand by the schedule.
+#[test]
+fn a_use_waiting_for_its_gather_leaves_the_scheduler_to_other_threads() {
+    let comm_config = CommConfig::default().with_timeout(std::time::Duration::from_secs(5));
+    let comms = HostCommunicator::local_group(2, &comm_config);
+    let answered = std::sync::Barrier::new(2);
+    run_ranks(comms, |rank, comm| {
+        let mlp = Mlp::<Stage3>::new(&MLP_SIZES, 7, &FlexDevice);
+        let (mut ddp, mut model, mut zero) = start(comm, gathered_ahead(), mlp);
+        let forward = |model: &Mlp<Stage3>, x| model.forward(x);
+        for step in 0..2 {
+            if rank == 1 {
+                answered.wait();
+                model = mlp_step(&mut ddp, &mut zero, model, step, forward);
+                continue;
+            }
+            let shards = ddp.param_shards().unwrap();
+            let held = shards.stats().live_bytes;
+            model = std::thread::scope(|scope| {
+                scope.spawn(|| {
+                    // The step's first gather is issued: the forward waits for rank 1 now.
+                    while shards.stats().live_bytes == held {
+                        std::thread::yield_now();
+                    }
+                    assert_eq!(shards.prefetch(), gathered_ahead());
+                    answered.wait();
+                });
+                mlp_step(&mut ddp, &mut zero, model, step, forward)
+            });
+        }
+    });
+}
+
 /// Each rank checks its own recorded order against rank 0's. The step's digests agree first,
 /// so only a digest collision (injected here: a use recorded on rank 1 alone) gets this far;
 /// the rank whose order differs is named with the first entry where it does, and both sides,

@@ -2,7 +2,9 @@
 //! dominate, 4 ranks (threads of this process) preparing and training at ZeRO stage 3 reach
 //! less than half the peak that the same job reaches at stage 2.
 //!
-//! Its own test binary, because it installs a counting global allocator.
+//! Its own test binary, because it installs a counting global allocator. The allocator's bytes,
+//! not gpt-pretrain's per-rank PSS: the ranks here are threads of one process over in-process
+//! channels (no shared buffers), and a per-process figure cannot tell them apart.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::Mutex;

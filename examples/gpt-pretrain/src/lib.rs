@@ -15,6 +15,7 @@
 pub mod backend;
 pub mod cli;
 pub mod data;
+pub mod memory;
 pub mod metrics;
 pub mod model;
 pub mod phases;

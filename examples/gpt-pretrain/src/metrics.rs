@@ -55,9 +55,16 @@ pub struct StepRecord {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub rss_mib: Vec<f64>,
     /// The most resident memory every rank has had so far (VmHWM), MiB, by rank; on the same
-    /// steps as `rss_mib`.
+    /// steps as `rss_mib`. It counts every page a rank maps in full: at ZeRO stage 3 the
+    /// peers' shared gather buffers are counted in every rank that read them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub peak_rss_mib: Vec<f64>,
+    /// The most proportional set size every rank has had so far (private memory plus its
+    /// share of each shared page, read at the steps' high points: `crate::memory`), MiB, by
+    /// rank; on the same steps as `rss_mib`. What a rank costs the host: the ranks' figures
+    /// add up to what they hold together.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub peak_pss_mib: Vec<f64>,
     /// ZeRO stage 3: what rank 0's sharded parameters held and cost in this step.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shards: Option<ShardRecord>,
@@ -101,6 +108,12 @@ pub struct ShardRecord {
     /// of ranks on one host).
     #[serde(default)]
     pub gathered_in_place: u64,
+    /// What rank 0's shared buffers (its arena under `/dev/shm`) hold at the step's end, and
+    /// the most they have held at once since the start.
+    #[serde(default)]
+    pub shared_mib: f64,
+    #[serde(default)]
+    pub shared_peak_mib: f64,
 }
 
 /// Tokens per second of wall time: over one iteration, over a log interval and over the whole
@@ -263,6 +276,7 @@ mod tests {
             mfu: None,
             rss_mib: vec![10.0, 11.0],
             peak_rss_mib: vec![12.0, 13.0],
+            peak_pss_mib: vec![11.0, 12.0],
             shards: Some(ShardRecord {
                 shard_mib: 1.0,
                 gathered_peak_mib: 0.5,
@@ -273,6 +287,8 @@ mod tests {
                 reused_buffers: 2,
                 pooled_mib: 0.25,
                 gathered_in_place: 1,
+                shared_mib: 0.5,
+                shared_peak_mib: 0.75,
             }),
             elapsed_s: 1.0,
             bytes_to_host: 4096,

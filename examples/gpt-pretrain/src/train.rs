@@ -20,6 +20,7 @@ use burn_dist_models::Cast;
 
 use crate::cli::{Args, DecayKind, OptimizerKind, Precision};
 use crate::data::{self, Corpus, EvalPlan, Loader};
+use crate::memory::PssSampler;
 use crate::metrics::{self, LoopClock, MetricsWriter, ShardRecord, StepRecord};
 use crate::model::{Gpt, GptConfig};
 use crate::phases::{Observer, Phase, Phases, Split};
@@ -349,7 +350,12 @@ impl<'a, B: DistributedAutodiff> Trainer<'a, B> {
         let mut clock = LoopClock::start();
         let mut moved = self.ddp.stats();
         let mut shards_before = self.ddp.shard_stats().unwrap_or_default();
+        // Each rank's peak memory as the host pays for it (PSS), read at the steps' high points.
+        let pss = PssSampler::start();
         for done in self.start + 1..=steps {
+            if let Some(pss) = &pss {
+                pss.next_step();
+            }
             let (loss, lr, grad_norm, skipped, loss_scale, split) = self.step(done - 1)?;
             let stops = self
                 .phases
@@ -377,11 +383,12 @@ impl<'a, B: DistributedAutodiff> Trainer<'a, B> {
             let prints = last
                 || evaluates
                 || (args.log_every > 0 && done.is_multiple_of(args.log_every as u64));
-            let (rss_mib, peak_rss_mib) = if prints {
-                self.gather_rss()?
+            let (rss_mib, peak_rss_mib, peak_pss_mib) = if prints {
+                self.gather_memory(pss.as_ref())?
             } else {
-                (Vec::new(), Vec::new())
+                (Vec::new(), Vec::new(), Vec::new())
             };
+            let shared = self.ddp.communicator().shared_memory();
             let shards = self.ddp.shard_stats().map(|now| {
                 let before = std::mem::replace(&mut shards_before, now);
                 ShardRecord {
@@ -394,6 +401,8 @@ impl<'a, B: DistributedAutodiff> Trainer<'a, B> {
                     reused_buffers: now.reused_buffers - before.reused_buffers,
                     pooled_mib: mib(now.pooled_bytes as u64),
                     gathered_in_place: now.gathered_in_place - before.gathered_in_place,
+                    shared_mib: mib(shared.held as u64),
+                    shared_peak_mib: mib(shared.peak as u64),
                 }
             });
             let rate = clock.lap(tokens);
@@ -411,6 +420,7 @@ impl<'a, B: DistributedAutodiff> Trainer<'a, B> {
                 mfu: mfu(rate.tokens_per_s),
                 rss_mib,
                 peak_rss_mib,
+                peak_pss_mib,
                 shards,
                 elapsed_s: rate.elapsed_s,
                 bytes_to_host: moved.bytes_to_host - before.bytes_to_host,
@@ -593,24 +603,39 @@ impl<'a, B: DistributedAutodiff> Trainer<'a, B> {
         Ok(total / self.eval.windows.len() as f64)
     }
 
-    /// Every rank's resident memory and its peak so far in MiB, gathered (in rank order) on
-    /// every rank.
-    fn gather_rss(&self) -> Result<(Vec<f64>, Vec<f64>), String> {
+    /// Every rank's resident memory, its peak so far and its peak PSS so far (empty where a
+    /// rank cannot read it) in MiB, gathered (in rank order) on every rank.
+    #[allow(clippy::type_complexity)]
+    fn gather_memory(
+        &self,
+        pss: Option<&PssSampler>,
+    ) -> Result<(Vec<f64>, Vec<f64>, Vec<f64>), String> {
         let world = self.ddp.world_size();
-        let mut mine = metrics::resident_kib().unwrap_or(0).to_le_bytes().to_vec();
-        mine.extend_from_slice(&metrics::peak_resident_kib().unwrap_or(0).to_le_bytes());
+        let mine = [
+            metrics::resident_kib().unwrap_or(0),
+            metrics::peak_resident_kib().unwrap_or(0),
+            pss.map_or(0, |pss| pss.peak() >> 10),
+        ];
+        let mine = mine.iter().flat_map(|kib| kib.to_le_bytes()).collect();
         let all = self
             .ddp
             .communicator()
-            .all_gather(HostBuffer::U8(mine), 16 * world)
+            .all_gather(HostBuffer::U8(mine), 24 * world)
             .wait()
             .map_err(|e| format!("gathering resident memory: {e}"))?;
         let mib = |c: &[u8]| u64::from_le_bytes(c.try_into().expect("8 bytes")) as f64 / 1024.0;
-        let ranks = all.as_bytes().chunks_exact(16);
-        Ok((
-            ranks.clone().map(|rank| mib(&rank[..8])).collect(),
-            ranks.map(|rank| mib(&rank[8..])).collect(),
-        ))
+        let ranks = all.as_bytes().chunks_exact(24);
+        let column = |i: usize| -> Vec<f64> {
+            ranks
+                .clone()
+                .map(|rank| mib(&rank[8 * i..8 * i + 8]))
+                .collect()
+        };
+        let mut peak_pss = column(2);
+        if peak_pss.contains(&0.0) {
+            peak_pss.clear();
+        }
+        Ok((column(0), column(1), peak_pss))
     }
 
     fn save(&self, done: u64) -> Result<(), String> {
@@ -719,18 +744,27 @@ fn log_line(r: &StepRecord, steps: u64, tokens_per_s: f64, mfu: Option<f64>) -> 
     if r.skipped {
         line += " | skipped (inf/NaN)";
     }
-    if let Some(peak) = r.peak_rss_mib.iter().copied().reduce(f64::max) {
-        line += &format!(" | peak rss {peak:.0} MiB/rank");
+    match r.peak_pss_mib.iter().copied().reduce(f64::max) {
+        Some(peak) => {
+            line += &format!(" | peak pss {peak:.0} MiB/rank (private + share of shared)")
+        }
+        None => {
+            if let Some(peak) = r.peak_rss_mib.iter().copied().reduce(f64::max) {
+                line += &format!(" | peak rss {peak:.0} MiB/rank");
+            }
+        }
     }
     if let Some(shards) = &r.shards {
         line += &format!(
             " | shard {:.1} MiB, gathered {:.1} MiB at most, {:.2} s waiting for gathers, \
-             {} into kept buffers, {} read in place",
+             {} into kept buffers, {} read in place, shared buffers {:.1} MiB ({:.1} at most)",
             shards.shard_mib,
             shards.gathered_peak_mib,
             shards.gather_wait_s,
             shards.reused_buffers,
-            shards.gathered_in_place
+            shards.gathered_in_place,
+            shards.shared_mib,
+            shards.shared_peak_mib
         );
     }
     line

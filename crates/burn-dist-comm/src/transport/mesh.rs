@@ -113,10 +113,10 @@ fn link(
                 })
             })
             .collect();
-        super::shm::share_arenas(rank, world, store, &linked)?
+        super::shm::share_arenas(rank, world, store, &linked, lanes)?
     };
     #[cfg(not(target_os = "linux"))]
-    let arenas = None;
+    let arenas = Vec::new();
     ProcessTransport::lanes(
         rank,
         links,

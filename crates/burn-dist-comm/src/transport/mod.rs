@@ -32,6 +32,10 @@ impl Arenas {
     pub(crate) fn offset_of(&self, _buf: &crate::SharedBuffer) -> Option<usize> {
         match self._none {}
     }
+
+    pub(crate) fn writes_peers(&self) -> bool {
+        match self._none {}
+    }
 }
 
 #[cfg(not(target_os = "linux"))]

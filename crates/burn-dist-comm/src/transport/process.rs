@@ -99,14 +99,15 @@ const ABORT_GRACE: Duration = Duration::from_millis(500);
 
 impl ProcessTransport {
     /// Wraps established links, one transport per lane; `links[rank]` must be `None` and every
-    /// other entry must have `lanes` data links.
+    /// other entry must have `lanes` data links; `arenas[lane]`: that lane's view of the
+    /// arenas, if any.
     pub(crate) fn lanes(
         rank: usize,
         links: Vec<Option<PeerLink>>,
         lanes: usize,
         timeout: Duration,
         grace: Duration,
-        arenas: Option<Arc<Arenas>>,
+        arenas: Vec<Option<Arc<Arenas>>>,
     ) -> io::Result<Vec<Self>> {
         let world = links.len();
         for link in links.iter().flatten() {
@@ -163,7 +164,7 @@ impl ProcessTransport {
                 shared: shared.clone(),
                 watchdogs: Vec::new(),
                 lane,
-                arenas: arenas.clone(),
+                arenas: arenas.get(lane).cloned().flatten(),
             });
         }
         for (peer, link) in links.into_iter().enumerate() {

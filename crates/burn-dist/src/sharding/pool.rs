@@ -11,13 +11,25 @@
 //! (`HostCommunicator::shared_buffer`): where the ranks share a host, the peers read each
 //! rank's pieces straight out of its buffer.
 //!
-//! What it keeps is bounded, since stage 3 is chosen for memory: free buffers and units alive
-//! together never hold more than the units alive held at once in a step, and results of 32 MiB
-//! or more (the tied embedding, which would be held through the whole step) are not kept. At the GPT-2 124M shape on 4 CPU ranks
-//! that is 20 MiB kept, the peak per rank unchanged (1049 against 1038 MiB) and the step 0.86×;
-//! keeping up to the whole gathered peak, tied embedding included, was about 5 % faster, within
-//! the VM's spread between runs, for 250 MiB more (docs/perf/zero3.md, "Gathers into kept
-//! buffers").
+//! What it keeps is bounded, since stage 3 is chosen for memory:
+//! - free buffers and units alive together never hold more than the units alive held at once
+//!   in a step;
+//! - free buffers hold at most the largest buffer the pool has lent, one unit's worth: a
+//!   finished unit's buffer is taken again by the next gather issued ahead, so one is what the
+//!   window cycles through; a buffer given back past that bound replaces the older free ones;
+//! - results of 32 MiB or more (the tied embedding, which would be held through the whole
+//!   step) are not kept.
+//!
+//! The free buffers lie in shared memory that the rank holds beside its private memory at
+//! every moment of the step, its highest included (the activations at the turn to backward).
+//! With only the first and third bounds, on a 19 M-parameter GPT at 4 ranks (units of 24 MiB,
+//! the whole model gathered in three) the pool kept 80 MiB between steps, and the ranks' peak
+//! PSS (private memory plus each rank's share of shared pages) was 280-300 MiB with it against
+//! 229-258 MiB with no pool at all (issue 45). At the GPT-2 124M shape the first bound kept
+//! 20 MiB, within the second: the peak per rank unchanged (1049 against 1038 MiB VmHWM) and the
+//! step 0.86×; keeping up to the whole gathered peak, tied embedding included, was about 5 %
+//! faster, within the VM's spread between runs, for 250 MiB more (docs/perf/zero3.md, "Gathers
+//! into kept buffers").
 //!
 //! The parameters of a unit share its buffer: each is a [`Bytes`] whose allocation controller
 //! ([`PartOfUnit`]) points at its own disjoint range. `TensorData::from_bytes_vec`, by contrast,
@@ -57,7 +69,25 @@ struct Free {
     /// What units alive and free buffers may hold together: the most that units alive held
     /// at once in a step (`GatherPool::end_step`).
     cap: usize,
+    /// The largest buffer lent of a size the pool keeps: what the free buffers may hold.
+    largest: usize,
     reused: u64,
+}
+
+impl Free {
+    /// Frees one kept buffer (the smallest).
+    fn evict_one(&mut self) {
+        let mut first = self
+            .by_capacity
+            .first_entry()
+            .expect("a kept buffer to free");
+        let capacity = *first.key();
+        first.get_mut().pop();
+        if first.get().is_empty() {
+            first.remove();
+        }
+        self.bytes -= capacity;
+    }
 }
 
 impl GatherPool {
@@ -107,6 +137,7 @@ impl GatherPool {
             let mut free = self.lock();
             free.out += len;
             free.peak_out = free.peak_out.max(free.out);
+            free.largest = free.largest.max(len);
         }
     }
 
@@ -126,8 +157,12 @@ impl GatherPool {
             return;
         }
         free.out -= len;
-        if free.out + free.bytes + len > free.cap {
+        if free.out + len > free.cap || len > free.largest {
             return;
+        }
+        // The newest buffer stays: the next gather ahead is most likely of its size.
+        while free.out + free.bytes + len > free.cap || free.bytes + len > free.largest {
+            free.evict_one();
         }
         free.bytes += len;
         free.by_capacity.entry(len).or_default().push(buffer);
@@ -253,9 +288,12 @@ mod tests {
         whole_of(shared(&vec![0; len]), pool)
     }
 
+    /// A pool whose units alive and free buffers may hold `cap` bytes, and its free buffers
+    /// as much.
     fn pool(cap: usize) -> Arc<GatherPool> {
         let pool = Arc::new(GatherPool::default());
         pool.lock().cap = cap;
+        pool.lock().largest = cap;
         pool
     }
 
@@ -292,7 +330,11 @@ mod tests {
         let pool = pool(100);
         drop(whole(56, &pool));
         drop(whole(56, &pool));
-        assert_eq!(pool.free_bytes(), 56, "a second 56 bytes would pass 100");
+        assert_eq!(
+            pool.free_bytes(),
+            56,
+            "a second 56 bytes would pass 100: the newer replaces the first"
+        );
         assert!(pool.take(57).is_none(), "too small for 57 bytes");
         assert!(pool.take(24).is_none(), "more than twice 24 bytes");
         let alive = whole_of(pool.take(40).expect("56 bytes hold 40"), &pool);
@@ -318,6 +360,8 @@ mod tests {
     #[test]
     fn the_cap_is_the_most_units_held_alive_in_a_step_and_huge_results_are_not_kept() {
         let pool = Arc::new(GatherPool::default());
+        // Only the cap bounds here (the free buffers' own bound has its test).
+        pool.lock().largest = usize::MAX;
         drop(whole(40, &pool));
         assert_eq!(
             pool.free_bytes(),
@@ -335,14 +379,39 @@ mod tests {
         drop(whole(16, &pool));
         assert_eq!(
             pool.free_bytes(),
-            56,
-            "72 bytes would pass what the step held"
+            48,
+            "72 bytes would pass what the step held: the 16 took the 24's place"
         );
 
         pool.lock().cap = 2 * HUGE_PAGE_RESULT_BYTES;
         drop(whole(HUGE_PAGE_RESULT_BYTES, &pool));
-        assert_eq!(pool.free_bytes(), 56, "a huge result is not held");
+        assert_eq!(pool.free_bytes(), 48, "a huge result is not held");
         assert_eq!(pool.lock().out, 0);
+    }
+
+    /// The free buffers hold at most one buffer's worth of the largest lent, so that the pool
+    /// holds little shared memory through the step's highest moment; the buffer given back
+    /// last is the one kept.
+    #[test]
+    fn free_buffers_hold_at_most_the_largest_buffer_lent_and_the_newest_stays() {
+        let pool = Arc::new(GatherPool::default());
+        pool.lock().cap = 1000;
+        drop(whole(40, &pool));
+        assert_eq!(pool.free_bytes(), 40);
+        drop(whole(32, &pool));
+        assert_eq!(pool.free_bytes(), 32, "72 bytes would pass 40: the 40 went");
+        assert!(pool.take(33).is_none(), "the 40-byte buffer is gone");
+        drop(whole(24, &pool));
+        drop(whole(16, &pool));
+        assert_eq!(
+            pool.free_bytes(),
+            40,
+            "the 32 made room for the 24, and the 16 fits"
+        );
+        assert_eq!(pool.take(24).unwrap().capacity(), 24);
+        assert_eq!(pool.take(16).unwrap().capacity(), 16);
+        drop(whole(48, &pool));
+        assert_eq!(pool.free_bytes(), 48, "the largest lent is 48 bytes now");
     }
 
     #[test]

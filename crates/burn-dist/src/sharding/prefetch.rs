@@ -3,6 +3,7 @@
 
 use std::ops::Range;
 use std::sync::MutexGuard;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use burn_dist_comm::{CommError, DType, HostBuffer, Pending, SharedBuffer};
@@ -10,9 +11,15 @@ use burn_dist_comm::{CommError, DType, HostBuffer, Pending, SharedBuffer};
 use super::ParamShards;
 use super::schedule::{BACKWARD_END, Phase, PrefetchConfig, Scheduler, Serve, Unit};
 
+/// Gathers issued in this process so far: the next [`UnitGather`]'s id.
+static GATHERS: AtomicU64 = AtomicU64::new(0);
+
 /// One gather of consecutive parameters `params`: in flight, then their values, one part per
 /// parameter, taken by the uses it serves.
 pub(crate) struct UnitGather {
+    /// Which gather this is, unique in the process: `fetch` finds its gather again by it
+    /// after waiting with the scheduler unlocked.
+    id: u64,
     params: Range<usize>,
     in_flight: Option<InFlight>,
     parts: Vec<Option<Part>>,
@@ -101,6 +108,13 @@ impl ParamShards {
 
     /// Parameter `index`'s bytes for an op of `phase`, as the schedule serves them; then issues
     /// the gathers the window allows ahead.
+    ///
+    /// The scheduler stays locked while it decides and while gathers are issued, never while a
+    /// gather is waited for: that wait lasts until the slowest peer reaches the gather (up to
+    /// the collective timeout), and whatever else asks the scheduler meanwhile (the window, the
+    /// plans, the end of a backward pass) must not wait behind it. One thread at a time uses a
+    /// rank's parameters (the thread running its forward or backward); another that changed
+    /// the schedule while a use waited would make this panic, naming it.
     pub(super) fn fetch(&self, index: usize, phase: Phase) -> Result<Fetched, CommError> {
         let mut scheduler = self.scheduler();
         let decision = scheduler.on_use(phase, index);
@@ -109,12 +123,27 @@ impl ParamShards {
             self.drop_kept();
         }
         let fetched = match decision.serve {
-            Serve::Alone => Fetched::Part {
-                part: self.gather_alone(index)?,
-                keep: false,
-            },
+            Serve::Alone => {
+                drop(scheduler);
+                let part = self.gather_alone(index)?;
+                scheduler = self.scheduler();
+                Fetched::Part { part, keep: false }
+            }
             Serve::Kept { keep } => Fetched::Kept { keep },
             Serve::Ahead { offset, last, keep } => {
+                let gather = scheduler.front().expect("the unit gathered ahead");
+                if let Some(in_flight) = gather.in_flight.take() {
+                    let (id, params) = (gather.id, gather.params.clone());
+                    drop(scheduler);
+                    let waited = self.wait_for(in_flight, params);
+                    scheduler = self.scheduler();
+                    let gather = scheduler.front().filter(|gather| gather.id == id).expect(
+                        "the unit gathered ahead left the schedule while this rank waited for \
+                         it: another thread changed the schedule (the window, or the pieces in \
+                         an optimizer step) during a use of the parameters",
+                    );
+                    self.arrived(gather, waited)?;
+                }
                 let gather = scheduler.front().expect("the unit gathered ahead");
                 let part = self.take(gather, offset)?;
                 if last {
@@ -131,7 +160,9 @@ impl ParamShards {
                 keep,
             } => {
                 let mut gather = self.issue(&unit);
+                drop(scheduler);
                 let part = self.take(&mut gather, offset)?;
+                scheduler = self.scheduler();
                 if last {
                     // Parameters of the unit that no use took are no longer held.
                     self.discard([gather]);
@@ -165,6 +196,7 @@ impl ParamShards {
         self.state().stats.hold(remaining);
         let in_flight = self.issue_gather(params.clone(), tag);
         UnitGather {
+            id: GATHERS.fetch_add(1, Ordering::Relaxed),
             parts: (0..params.len()).map(|_| None).collect(),
             params,
             in_flight: Some(in_flight),
@@ -229,18 +261,8 @@ impl ParamShards {
     /// The part of `gather` for its parameter at `offset`, waiting for it if it is in flight.
     fn take(&self, gather: &mut UnitGather, offset: usize) -> Result<Part, CommError> {
         if let Some(in_flight) = gather.in_flight.take() {
-            let start = Instant::now();
-            let parts = self.finish(in_flight, gather.params.clone());
-            let waited = start.elapsed().as_nanos() as u64;
-            self.state().stats.wait_nanos += waited;
-            match parts {
-                Ok(parts) => gather.parts = parts.into_iter().map(Some).collect(),
-                Err(error) => {
-                    self.release(gather.remaining);
-                    gather.remaining = 0;
-                    return Err(error);
-                }
-            }
+            let waited = self.wait_for(in_flight, gather.params.clone());
+            self.arrived(gather, waited)?;
         }
         let part = gather.parts[offset]
             .take()
@@ -249,6 +271,34 @@ impl ParamShards {
         gather.remaining -= bytes;
         self.release(bytes);
         Ok(part)
+    }
+
+    /// Waits for the collective of a gather of `params`, counting the wait in the stats.
+    fn wait_for(&self, in_flight: InFlight, params: Range<usize>) -> Result<Vec<Part>, CommError> {
+        let start = Instant::now();
+        let parts = self.finish(in_flight, params);
+        self.state().stats.wait_nanos += start.elapsed().as_nanos() as u64;
+        parts
+    }
+
+    /// What waiting for `gather`'s collective gave: its parts, or an error, and then its bytes
+    /// are no longer held.
+    fn arrived(
+        &self,
+        gather: &mut UnitGather,
+        waited: Result<Vec<Part>, CommError>,
+    ) -> Result<(), CommError> {
+        match waited {
+            Ok(parts) => {
+                gather.parts = parts.into_iter().map(Some).collect();
+                Ok(())
+            }
+            Err(error) => {
+                self.release(gather.remaining);
+                gather.remaining = 0;
+                Err(error)
+            }
+        }
     }
 
     /// Waits for a unit's gather: one part per parameter of `params`.

@@ -23,11 +23,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-pub(crate) use arena::{Arena, Arenas, PeerArena, Region};
+pub(crate) use arena::{Access, Arena, Arenas, PeerArena, Region};
 pub(crate) use ring::{ALIGN as RING_ALIGN, Ring};
 
 use crate::store::StoreClient;
-use crate::{CommConfig, Result};
+use crate::{CommConfig, CommError, Result, SharedFileProblem};
 
 /// Data bytes of each ring: two of them per pair and rank. Large enough that a write rarely
 /// waits for the reader, small enough to stay in a shared last-level cache.
@@ -115,6 +115,63 @@ pub(crate) fn create_private(path: &Path) -> std::io::Result<std::fs::File> {
         .create_new(true)
         .mode(0o600)
         .open(path)
+}
+
+/// Opens a file that a peer made with [`create_private`], for reading and, with `write`, for
+/// writing, and refuses anything else: a file that is not regular (a symbolic link is not
+/// followed, and a FIFO does not block the open), that belongs to another user, or that anyone
+/// but its owner may open. The checks read the opened descriptor, so the file checked is the
+/// file that is mapped.
+pub(crate) fn open_private(path: &Path, write: bool) -> Result<std::fs::File> {
+    // SAFETY: geteuid(2) cannot fail and touches no memory.
+    open_owned_by(path, write, unsafe { libc::geteuid() })
+}
+
+/// [`open_private`] for files that `owner` must own.
+fn open_owned_by(path: &Path, write: bool, owner: u32) -> Result<std::fs::File> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
+    let refused = |problem| CommError::SharedFileRefused {
+        path: path.to_path_buf(),
+        problem,
+    };
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(write)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ELOOP) => refused(SharedFileProblem::NotRegular("a symbolic link")),
+            _ => CommError::io(format!("opening {}", path.display()), e),
+        })?;
+    let meta = file
+        .metadata()
+        .map_err(|e| CommError::io(format!("reading the status of {}", path.display()), e))?;
+    let kind = meta.file_type();
+    let problem = if !kind.is_file() {
+        let what = match () {
+            _ if kind.is_dir() => "a directory",
+            _ if kind.is_fifo() => "a FIFO",
+            _ if kind.is_socket() => "a socket",
+            _ if kind.is_block_device() || kind.is_char_device() => "a device",
+            _ => "not a file",
+        };
+        Some(SharedFileProblem::NotRegular(what))
+    } else if meta.uid() != owner {
+        Some(SharedFileProblem::Owner {
+            owner: meta.uid(),
+            expected: owner,
+        })
+    } else if meta.mode() & 0o7777 != 0o600 {
+        Some(SharedFileProblem::Mode {
+            mode: meta.mode() & 0o7777,
+        })
+    } else {
+        None
+    };
+    match problem {
+        Some(problem) => Err(refused(problem)),
+        None => Ok(file),
+    }
 }
 
 /// What two ranks must share to map the same file: the running kernel (its boot id) and the
@@ -299,15 +356,21 @@ impl Drop for Unlinked {
 
 /// Gives this rank an arena that every peer maps, and maps every peer's, when all of `linked`
 /// (every peer but this rank) reach this rank through shared memory: then collectives on
-/// buffers in the arenas read the peers' buffers where they lie. `None` otherwise, or when any
-/// arena cannot be created or mapped; every rank takes part in the exchange either way. Like
-/// the rings, the file is unlinked once every peer has opened it (or failed to).
+/// buffers in the arenas read the peers' buffers where they lie. One [`Arenas`] per lane, all
+/// with the same arena of this rank: the main lane (lane 0) maps the peers' arenas read-write,
+/// since its in-place all-reduce writes each rank's reduced chunk into every peer's buffer; the
+/// other lanes (the gather lane) map them read-only, from a descriptor opened read-only, so
+/// that nothing on them can write a peer's bytes ([`Access::for_lane`]). `None` for every lane
+/// otherwise, or when any arena cannot be created or mapped; every rank takes part in the
+/// exchange either way. Like the rings, the file is unlinked once every peer has opened it (or
+/// failed to).
 pub(crate) fn share_arenas(
     rank: usize,
     world: usize,
     store: &StoreClient,
     linked: &[bool],
-) -> Result<Option<Arc<Arenas>>> {
+    lanes: usize,
+) -> Result<Vec<Option<Arc<Arenas>>>> {
     let keys = Keys::new(rank, store)?;
     let peers = || (0..world).filter(|&q| q != rank && linked[q]);
     let every_peer_linked = world > 1 && peers().count() == world - 1;
@@ -332,15 +395,23 @@ pub(crate) fn share_arenas(
     let published = created.as_ref().map_or(Path::new(""), |(p, _)| &p.0);
     store.set(&keys.arena(rank), published.as_os_str().as_encoded_bytes())?;
 
-    let mut mapped: Vec<Option<PeerArena>> = (0..world).map(|_| None).collect();
+    // `mapped[lane][peer]`.
+    let mut mapped: Vec<Vec<Option<PeerArena>>> = (0..lanes)
+        .map(|_| (0..world).map(|_| None).collect())
+        .collect();
     for peer in peers() {
         let path = String::from_utf8_lossy(&store.get(&keys.arena(peer))?).into_owned();
         let verdict = if path.is_empty() {
             b"not created".to_vec()
         } else {
-            match PeerArena::open(Path::new(&path)) {
-                Ok(arena) => {
-                    mapped[peer] = Some(arena);
+            let opened = (0..lanes)
+                .map(|lane| PeerArena::open(Path::new(&path), Access::for_lane(lane)))
+                .collect::<Result<Vec<_>>>();
+            match opened {
+                Ok(arenas) => {
+                    for (lane, arena) in arenas.into_iter().enumerate() {
+                        mapped[lane][peer] = Some(arena);
+                    }
                     OPENED.to_vec()
                 }
                 Err(e) => format!("rank {rank} cannot map {path}: {e}").into_bytes(),
@@ -359,16 +430,23 @@ pub(crate) fn share_arenas(
             );
         }
     }
+    let none = || (0..lanes).map(|_| None).collect();
     let Some((_unlinked, own)) = created else {
-        return Ok(None);
+        return Ok(none());
     };
-    let complete = peers().all(|q| mapped[q].is_some());
-    Ok(complete.then(|| {
-        Arc::new(Arenas {
-            own: Arc::new(own),
-            peers: mapped,
+    if !peers().all(|q| mapped[0][q].is_some()) {
+        return Ok(none());
+    }
+    let own = Arc::new(own);
+    Ok(mapped
+        .into_iter()
+        .map(|peers| {
+            Some(Arc::new(Arenas {
+                own: own.clone(),
+                peers,
+            }))
         })
-    }))
+        .collect())
 }
 
 #[cfg(test)]
@@ -424,6 +502,44 @@ mod tests {
         let left = stale.exists();
         _ = std::fs::remove_file(&stale);
         assert!(!left, "{} was not swept by the set-up", stale.display());
+    }
+
+    /// In a group over shared memory, the main lane maps each peer's arena writable (its
+    /// all-reduce writes into it) and the gather lane read-only; both lanes allocate in the
+    /// same arena of their own rank.
+    #[test]
+    fn the_gather_lane_maps_the_peers_arenas_read_only_and_the_main_lane_writable() {
+        let (_store, comms) = crate::testing::linked_group(
+            3,
+            &CommConfig::default().with_gather_lane(true),
+            Link::SharedMemory,
+        );
+        let permissions = |arenas: &Arenas, peer: usize| {
+            let view = arenas.peers[peer]
+                .as_ref()
+                .expect("every peer's arena mapped");
+            arena::tests::permissions_at(view.span().start)
+        };
+        for (rank, comm) in comms.iter().enumerate() {
+            let main = comm.arenas().expect("the main lane's arenas");
+            let gather = comm
+                .gather_lane()
+                .arenas()
+                .expect("the gather lane's arenas");
+            assert!(
+                Arc::ptr_eq(&main.own, &gather.own),
+                "rank {rank}: one arena"
+            );
+            assert!(main.writes_peers() && !gather.writes_peers());
+            for peer in (0..3).filter(|&q| q != rank) {
+                assert_eq!(permissions(main, peer), "rw-s", "rank {rank}, peer {peer}");
+                assert_eq!(
+                    permissions(gather, peer),
+                    "r--s",
+                    "rank {rank}, peer {peer}"
+                );
+            }
+        }
     }
 
     #[test]

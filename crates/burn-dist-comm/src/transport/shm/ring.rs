@@ -8,7 +8,7 @@
 //! the rest of the ring is the writer's. A side that finds nothing to do spins briefly, then
 //! sleeps on a futex in the shared page until the other side moves or the ring is closed.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
 use std::path::Path;
@@ -112,14 +112,15 @@ impl Ring {
     }
 
     /// Opens the ring another rank created at `path`, checking that it is a ring from `writer`
-    /// to `reader`.
+    /// to `reader`, in a file of this user that only this user may open
+    /// ([`super::open_private`]).
     pub(crate) fn open(
         path: &Path,
         writer: usize,
         reader: usize,
         timeout: Duration,
     ) -> io::Result<Ring> {
-        let file = OpenOptions::new().read(true).write(true).open(path)?;
+        let file = super::open_private(path, true).map_err(io::Error::other)?;
         let len = file.metadata()?.len() as usize;
         let invalid = |what: String| io::Error::new(io::ErrorKind::InvalidData, what);
         if len < CONTROL_BYTES + MIN_CAPACITY {
