@@ -54,21 +54,49 @@ impl DeterministicInit {
 impl<B: Backend> ModuleMapper<B> for DeterministicInit {
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
         let (id, tensor, mapper) = param.consume();
-        let dims = tensor.dims();
-        let fan_in = if D > 1 { dims[0] } else { dims[0].max(1) };
-        let values = uniform(
-            dims.iter().product(),
-            self.seed,
-            self.next,
-            1.0 / (fan_in as f32).sqrt(),
-        );
+        let fresh = seeded_like(&tensor, self.seed, self.next);
         self.next += 1;
-        // `burn_dist::replace_values`, inlined: this crate stays free of burn-dist.
-        let data = TensorData::new(values, dims.to_vec());
-        let fresh = Tensor::from_data(data, (&tensor.device(), tensor.dtype()))
-            .set_require_grad(tensor.is_require_grad());
         Param::from_mapped_value(id, fresh, mapper)
     }
+}
+
+/// Trainable `param` with [`DeterministicInit`]'s values for seed `seed` and the parameter's
+/// place `stream`, but still lazy: Burn's initialization runs when the parameter is first used
+/// (or `Ddp::prepare_sharded` initializes it, one parameter at a time), and these values
+/// replace what it drew. A lazily created model (Burn's `*Config::init`) that every rank and
+/// every reference run initializes alike.
+///
+/// The values are a leaf that requires a gradient, whatever Burn's own initialization left:
+/// burn-nn 0.21's column-major `Linear` transposes its weight's draw in its init
+/// transformation, which on Autodiff leaves a non-leaf that reports no `require_grad`, so that
+/// no optimizer (Burn's own, DDP's, ZeroAdam's) would train it.
+pub fn seeded_when_initialized<B: Backend, const D: usize>(
+    param: Param<Tensor<B, D>>,
+    seed: u64,
+    stream: usize,
+) -> Param<Tensor<B, D>> {
+    param.init_mapper(move |tensor| seeded_like(&tensor, seed, stream).require_grad())
+}
+
+/// A tensor like `tensor` (shape, dtype, device, `require_grad`) holding seeded values scaled
+/// by 1/√(fan-in).
+fn seeded_like<B: Backend, const D: usize>(
+    tensor: &Tensor<B, D>,
+    seed: u64,
+    stream: usize,
+) -> Tensor<B, D> {
+    let dims = tensor.dims();
+    let fan_in = if D > 1 { dims[0] } else { dims[0].max(1) };
+    let values = uniform(
+        dims.iter().product(),
+        seed,
+        stream,
+        1.0 / (fan_in as f32).sqrt(),
+    );
+    // `burn_dist::replace_values`, inlined: this crate stays free of burn-dist.
+    let data = TensorData::new(values, dims.to_vec());
+    Tensor::from_data(data, (&tensor.device(), tensor.dtype()))
+        .set_require_grad(tensor.is_require_grad())
 }
 
 /// Gives every float parameter, in visit order, the next of `values` (f32, converted to the

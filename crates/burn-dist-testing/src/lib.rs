@@ -8,6 +8,7 @@ pub use burn_dist_models::*;
 
 #[cfg(feature = "device")]
 pub mod one_device;
+pub mod roll_back;
 
 /// Every float tensor's values as f32, in visit order.
 pub use burn_dist_models::step::float_params as parameters;
@@ -456,4 +457,27 @@ where
             .map(|(model, _)| model)
             .map_err(|e| burn_dist::DistError::Usage(e.to_string()))
     }
+}
+
+/// One ZeroAdam step of the test [`Mlp`] at learning rate `lr`: this rank's rows of step
+/// `step`'s global batch of `global_batch` synthetic rows, in the model's `dtype`, the loss the
+/// mean square error.
+pub fn zero_mlp_step<B: burn::tensor::backend::AutodiffBackend>(
+    ddp: &mut burn_dist::Ddp,
+    model: Mlp<B>,
+    zero: &mut burn_dist_zero::ZeroAdam,
+    (rank, world, step): (usize, usize, usize),
+    (global_batch, lr): (usize, f64),
+    dtype: burn::tensor::FloatDType,
+    device: &B::Device,
+) -> Mlp<B> {
+    let [input, .., output] = MLP_SIZES;
+    let rows = shard_rows(global_batch, rank, world);
+    let x = synthetic_rows::<B, 2>(0, step, [global_batch, input], rows.clone(), device);
+    let y = synthetic_rows::<B, 2>(1, step, [global_batch, output], rows, device);
+    let loss = (model.forward(x.cast(dtype)) - y.cast(dtype))
+        .powi_scalar(2)
+        .mean();
+    let grads = ddp.backward(loss, &model).unwrap().unwrap();
+    zero.step(lr, model, grads, ddp).unwrap().0
 }

@@ -124,6 +124,21 @@ pub enum ZeroError {
          this step (no rank used it)"
     )]
     MissingGradient { param: String },
+    /// Ranks that found other parameters of the model replaced since the last step (a record
+    /// loaded on some ranks only): the values ZeroAdam takes into its master weights would
+    /// differ between the ranks' shards.
+    #[error(
+        "rank {rank} found {found} since the last step, but rank 0 found {rank0_found} (replaced \
+         on this rank: {here}): was a record loaded, or an older model put back, on some ranks \
+         only? Every rank must load the same at the same point: ZeroAdam takes the loaded values \
+         into its master weights, and ranks that took different ones would part ways"
+    )]
+    ReplacedOnSomeRanks {
+        rank: usize,
+        found: crate::loaded::Replacements,
+        rank0_found: crate::loaded::Replacements,
+        here: String,
+    },
     /// A gradient (or the reducer's gradient shard) of another backend or shape than the
     /// device state's.
     #[error("ZeroAdam's device state was built for `{expected}`; {got}")]

@@ -8,6 +8,7 @@ pub mod checkpoint;
 mod config;
 mod decay;
 mod error;
+mod loaded;
 #[cfg(feature = "device")]
 mod resident;
 mod ruled_adamw;
@@ -21,6 +22,7 @@ pub use checkpoint::{CheckpointError, TrainingState};
 pub use config::ZeroAdamConfig;
 pub use decay::DecayRule;
 pub use error::{Result, ZeroError};
+pub use loaded::Replacements;
 pub use ruled_adamw::RuledAdamW;
 pub use shard::{OptimizerShard, StepReport};
 pub use zero_adam::{ZeroAdam, ZeroAdamRecord};

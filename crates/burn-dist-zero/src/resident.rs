@@ -43,6 +43,13 @@ pub(crate) trait ResidentState: Send {
     /// Stage 1: copies `piece` of the parameter's gradient (`grad`, the backend's float
     /// primitive) into the gradient shard, on the device.
     fn gradient_piece(&mut self, piece: &Piece, grad: &dyn Any) -> Result<()>;
+    /// Stages 1 and 2: copies `piece` of a parameter's values (`param`, the backend's float
+    /// primitive, in the model's dtype) into the master weights, converted to f32, on the
+    /// device: a parameter replaced since the last step (`crate::loaded`).
+    fn take_master_piece(&mut self, piece: &Piece, param: &dyn Any) -> Result<()>;
+    /// Stage 3 below f32: copies `piece` of the model copy, which is the model's pieces (a
+    /// record loaded wrote them), into the master weights, converted to f32.
+    fn take_master_from_model_copy(&mut self, piece: &Piece) -> Result<()>;
     /// Stage 2: the reducer's gradient shard in device memory (`Ddp::take_device_gradient_shard`),
     /// which becomes the gradient buffer as it is.
     fn gradient_shard(&mut self, shard: Box<dyn Any>) -> Result<()>;
@@ -240,6 +247,38 @@ impl<B: CubeResident> Resident<B> {
         )
     }
 
+    /// Copies `piece` of `primitive` (a float primitive of the backend, a parameter's or its
+    /// gradient's, `what` in messages) into the f32 shard buffer `target`, on the device.
+    fn copy_piece(
+        &self,
+        piece: &Piece,
+        primitive: &dyn Any,
+        what: &str,
+        target: &Handle,
+    ) -> Result<()> {
+        let primitive = primitive
+            .downcast_ref::<B::FloatTensorPrimitive>()
+            .ok_or_else(|| ZeroError::WrongGradient {
+                expected: std::any::type_name::<B::FloatTensorPrimitive>(),
+                got: format!("{what} is of another backend"),
+            })?;
+        let (view, _) = B::cube_view(primitive);
+        let view = if view.is_contiguous() {
+            view
+        } else {
+            burn_dist::contiguous_copy(view)
+        };
+        let numel = view.meta.shape().num_elements();
+        let dtype = device_dtype(view.dtype)?;
+        let source = DeviceSlice::new(view.client.clone(), view.handle.clone(), 0, numel, dtype);
+        copy(
+            &source.range(piece.within.clone()),
+            &self.f32_buffer(target).range(piece.in_shard.clone()),
+            self.rank,
+        )?;
+        Ok(())
+    }
+
     /// Uploads one f32 scalar buffer, counted.
     fn upload_scalars(&self, values: &[f32]) -> burn_cubecl::cubecl::server::Handle {
         self.counter().to_device(4 * values.len());
@@ -250,25 +289,25 @@ impl<B: CubeResident> Resident<B> {
 
 impl<B: CubeResident> ResidentState for Resident<B> {
     fn gradient_piece(&mut self, piece: &Piece, grad: &dyn Any) -> Result<()> {
-        let grad = grad
-            .downcast_ref::<B::FloatTensorPrimitive>()
-            .ok_or_else(|| ZeroError::WrongGradient {
-                expected: std::any::type_name::<B::FloatTensorPrimitive>(),
-                got: "a gradient is of another backend".into(),
-            })?;
-        let (view, _) = B::cube_view(grad);
-        let view = if view.is_contiguous() {
-            view
-        } else {
-            burn_dist::contiguous_copy(view)
-        };
-        let numel = view.meta.shape().num_elements();
-        let dtype = device_dtype(view.dtype)?;
-        let source = DeviceSlice::new(view.client.clone(), view.handle.clone(), 0, numel, dtype);
-        let target = self.f32_buffer(&self.buffers.grads);
+        self.copy_piece(piece, grad, "a gradient", &self.buffers.grads)
+    }
+
+    fn take_master_piece(&mut self, piece: &Piece, param: &dyn Any) -> Result<()> {
+        self.copy_piece(piece, param, "a parameter", &self.buffers.master)
+    }
+
+    fn take_master_from_model_copy(&mut self, piece: &Piece) -> Result<()> {
+        let model = DeviceSlice::new(
+            self.client().clone(),
+            self.buffers.model.clone(),
+            0,
+            self.layout.shard_len,
+            self.device_dtype,
+        );
+        let master = self.f32_buffer(&self.buffers.master);
         copy(
-            &source.range(piece.within.clone()),
-            &target.range(piece.in_shard.clone()),
+            &model.range(piece.in_shard.clone()),
+            &master.range(piece.in_shard.clone()),
             self.rank,
         )?;
         Ok(())
@@ -428,6 +467,42 @@ impl<B: burn::tensor::backend::AutodiffBackend> burn::module::ModuleVisitor<B>
                 && let Err(e) = self.device.gradient_piece(piece, &primitive)
             {
                 self.error = Some(e);
+            }
+        }
+    }
+}
+
+/// Stages 1 and 2: copies, for every piece of this rank's shard of a parameter replaced since
+/// the last step, the parameter's values into the device master weights (`crate::loaded`).
+pub(crate) struct TakeMaster<'a, B: burn::tensor::backend::AutodiffBackend> {
+    pub(crate) params: &'a [burn_dist::ParamInfo],
+    pub(crate) pieces: &'a [Piece],
+    /// The replaced parameters, in parameter order.
+    pub(crate) replaced: &'a [usize],
+    pub(crate) device: &'a mut dyn ResidentState,
+    /// The first failure (a visitor cannot return one).
+    pub(crate) error: Option<ZeroError>,
+    pub(crate) _b: std::marker::PhantomData<B>,
+}
+
+impl<B: burn::tensor::backend::AutodiffBackend> burn::module::ModuleVisitor<B>
+    for TakeMaster<'_, B>
+{
+    fn visit_float<const D: usize>(
+        &mut self,
+        param: &burn::module::Param<burn::tensor::Tensor<B, D>>,
+    ) {
+        let Some(index) = self.params.iter().position(|p| p.id == param.id) else {
+            return;
+        };
+        if !self.replaced.contains(&index) || self.error.is_some() {
+            return;
+        }
+        let primitive = param.val().inner().into_primitive().tensor();
+        for piece in self.pieces.iter().filter(|p| p.param == index) {
+            if let Err(e) = self.device.take_master_piece(piece, &primitive) {
+                self.error = Some(e);
+                return;
             }
         }
     }

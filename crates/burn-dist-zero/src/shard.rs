@@ -31,6 +31,7 @@ use burn_dist_kernels::{ModelCopy, StepScalars, clip_factor, host};
 use crate::config::ZeroAdamConfig;
 use crate::error::{Result, ZeroError};
 use crate::flat::{FlatLayout, Piece};
+use crate::loaded::{NOTE_LEN, Replaced, Stamps};
 #[cfg(feature = "device")]
 use crate::resident::{Resident, ResidentState};
 
@@ -60,6 +61,12 @@ pub(crate) struct Shard {
     host_pool: Option<rayon::ThreadPool>,
     /// Stage 3: the model's pieces of the sharded parameters, which the step writes.
     shards: Option<Arc<ParamShards>>,
+    /// What the model's parameters were at the end of the last step (or when this was built),
+    /// to see those replaced since (`crate::loaded`).
+    stamps: Stamps,
+    /// Whether the state was imported since the last step: its master weights go with the
+    /// loaded model, and win over the model's values.
+    imported: bool,
 }
 
 /// One rank's optimizer state: its shard of the fp32 master weights and moments, and the
@@ -120,6 +127,7 @@ impl Shard {
                     params: &params,
                     pieces: &pieces,
                     grads: None,
+                    only: None,
                     out: &mut master,
                     present: Vec::new(),
                     has_grad: vec![false; params.len()],
@@ -130,6 +138,7 @@ impl Shard {
             }
         };
         let host_pool = config.host_threads.map(host_pool).transpose()?;
+        let stamps = Stamps::of::<B, M>(&params, shards.as_deref(), model);
         Ok(Shard {
             comm: ddp.comm(),
             time: vec![0; params.len()],
@@ -146,6 +155,8 @@ impl Shard {
             device: None,
             host_pool,
             shards,
+            stamps,
+            imported: false,
         })
     }
 
@@ -312,6 +323,7 @@ impl Shard {
             }
             self.time = shard.time;
             self.skipped = shard.skipped;
+            self.imported = true;
             return Ok(());
         }
         self.time = shard.time;
@@ -328,6 +340,7 @@ impl Shard {
             }
             None => self.master = shard.master,
         }
+        self.imported = true;
         Ok(())
     }
 
@@ -348,10 +361,41 @@ impl Shard {
         if let Some(shards) = &self.shards {
             shards.check_model(&model)?;
         }
+        // The parameters replaced since the last step (a record loaded), whose values the
+        // update starts from (`crate::loaded`).
+        let now = Stamps::of::<B, M>(&self.params, self.shards.as_deref(), &model);
+        let replaced = Replaced {
+            params: self.stamps.replaced_in(&now),
+            imported: self.imported,
+        };
         #[cfg(feature = "device")]
-        if self.device.is_some() {
-            return self.step_on_device::<B, M>(lr, model, grads, sync, inv_scale);
-        }
+        let stepped = match self.device.is_some() {
+            true => self.step_on_device::<B, M>(lr, model, grads, sync, inv_scale, &replaced),
+            false => self.host_step::<B, M>(lr, model, grads, sync, inv_scale, &replaced),
+        };
+        #[cfg(not(feature = "device"))]
+        let stepped = self.host_step::<B, M>(lr, model, grads, sync, inv_scale, &replaced);
+        let (model, report) = stepped?;
+        // Stage 3's stamps are the loads seen above (the step's own writes are not loads);
+        // stages 1 and 2 stamp the tensors the step leaves in the model.
+        self.stamps = match now {
+            Stamps::Loads(_) => now,
+            Stamps::Nodes(_) => Stamps::of::<B, M>(&self.params, None, &model),
+        };
+        self.imported = false;
+        Ok((model, report))
+    }
+
+    /// [`Shard::step`] with the state on the host.
+    fn host_step<B: AutodiffBackend, M: AutodiffModule<B>>(
+        &mut self,
+        lr: f64,
+        model: M,
+        grads: GradientsParams,
+        sync: &SyncHandle,
+        inv_scale: f32,
+        replaced: &Replaced,
+    ) -> Result<(M, StepReport)> {
         // 1. This rank's shard of the gradient.
         let (mut grad, present, has_grad) = if self.config.stage >= 2 {
             let shard = sync.take_gradient_shard()?;
@@ -363,6 +407,7 @@ impl Shard {
                 params: &self.params,
                 pieces: &self.pieces,
                 grads: Some(&grads),
+                only: None,
                 out: &mut grad,
                 present: Vec::new(),
                 has_grad: vec![false; self.params.len()],
@@ -377,8 +422,11 @@ impl Shard {
         let (found_inf, sum_sq) = on_threads(self.host_pool.as_ref(), || {
             host::unscale_and_check(&mut grad, inv_scale)
         });
-        let (report, _) = self.conclude(found_inf, sum_sq, &has_grad)?;
+        let (report, _) = self.conclude(found_inf, sum_sq, &has_grad, replaced)?;
         let (found_inf, clip) = (report.skipped, report.clip);
+        // Every rank found the same parameters replaced: their values become the master
+        // weights the update starts from.
+        self.take_replaced::<B, M>(&model, replaced);
 
         // 3. Clipped Adam(W) on the shard, parameter by parameter (Burn keeps a step count per
         //    parameter, and a parameter without a gradient is left alone).
@@ -439,6 +487,88 @@ impl Shard {
         Ok((mark_for_sync(model), report))
     }
 
+    /// Takes the model's values of the parameters `replaced` names into this shard's master
+    /// weights, unless they are the model's pieces (stage 3 in f32: the load wrote them) or the
+    /// imported state's master weights win (`crate::loaded`).
+    fn take_replaced<B: AutodiffBackend, M: AutodiffModule<B>>(
+        &mut self,
+        model: &M,
+        replaced: &Replaced,
+    ) {
+        if !replaced.takes_values() {
+            return;
+        }
+        self.log_taken(replaced);
+        match &self.shards {
+            Some(shards) if shards.holds_f32_shard() => {}
+            // The pieces hold the loaded values, in the parameters' dtype.
+            Some(shards) => {
+                let values = shards.shard_values();
+                for piece in replaced_pieces(&self.pieces, replaced) {
+                    let range = piece.in_shard.clone();
+                    self.master[range.clone()].copy_from_slice(&values[range]);
+                }
+            }
+            None => model.visit(&mut ReadShard::<B> {
+                params: &self.params,
+                pieces: &self.pieces,
+                grads: None,
+                only: Some(&replaced.params),
+                out: &mut self.master,
+                present: Vec::new(),
+                has_grad: vec![false; self.params.len()],
+                _b: Default::default(),
+            }),
+        }
+    }
+
+    /// [`Shard::take_replaced`] on the device path: the values are copied on the device,
+    /// converted to f32, into the master weights.
+    #[cfg(feature = "device")]
+    fn take_replaced_on_device<B: AutodiffBackend, M: AutodiffModule<B>>(
+        &self,
+        device: &mut dyn ResidentState,
+        model: &M,
+        replaced: &Replaced,
+    ) -> Result<()> {
+        if !replaced.takes_values() {
+            return Ok(());
+        }
+        self.log_taken(replaced);
+        match &self.shards {
+            // Stage 3 in f32: the pieces are the master weights, which the load wrote.
+            Some(shards) if shards.holds_f32_shard() => Ok(()),
+            Some(shards) => match shards.device_shard() {
+                Some((_, burn::tensor::DType::F32)) => Ok(()),
+                // Below f32 the pieces are the device state's model copy.
+                _ => replaced_pieces(&self.pieces, replaced)
+                    .try_for_each(|piece| device.take_master_from_model_copy(piece)),
+            },
+            None => {
+                let mut take = crate::resident::TakeMaster::<B> {
+                    params: &self.params,
+                    pieces: &self.pieces,
+                    replaced: &replaced.params,
+                    device,
+                    error: None,
+                    _b: Default::default(),
+                };
+                model.visit(&mut take);
+                take.error.map_or(Ok(()), Err)
+            }
+        }
+    }
+
+    fn log_taken(&self, replaced: &Replaced) {
+        tracing::info!(
+            rank = self.comm.rank(),
+            params = replaced.params.len(),
+            first = %self.params[replaced.params[0]].name,
+            "ZeroAdam: parameters replaced since the last step (a record loaded?); the step goes \
+             on from their values, which become the master weights (the moments are kept)"
+        );
+    }
+
     /// Agrees with every rank on found-inf and the global norm (from this shard's), counts the
     /// step (per parameter that had a gradient) or the skip, and reports; also returns the
     /// total sum of squares.
@@ -447,8 +577,9 @@ impl Shard {
         found_inf: bool,
         sum_sq: f64,
         has_grad: &[bool],
+        replaced: &Replaced,
     ) -> Result<(StepReport, f64)> {
-        let (found_inf, total_sum_sq) = self.agree(found_inf, sum_sq)?;
+        let (found_inf, total_sum_sq) = self.agree(found_inf, sum_sq, replaced)?;
         let report = StepReport {
             grad_norm: total_sum_sq.sqrt(),
             clip: clip_factor(total_sum_sq, self.config.max_grad_norm),
@@ -476,14 +607,17 @@ impl Shard {
         grads: GradientsParams,
         sync: &SyncHandle,
         inv_scale: f32,
+        replaced: &Replaced,
     ) -> Result<(M, StepReport)> {
         let mut device = self.device.take().expect("called on the device path");
-        let stepped = self.device_step::<B, M>(&mut *device, lr, model, grads, sync, inv_scale);
+        let stepped =
+            self.device_step::<B, M>(&mut *device, lr, model, grads, sync, inv_scale, replaced);
         self.device = Some(device);
         stepped
     }
 
     #[cfg(feature = "device")]
+    #[allow(clippy::too_many_arguments)]
     fn device_step<B: AutodiffBackend, M: AutodiffModule<B>>(
         &mut self,
         device: &mut dyn ResidentState,
@@ -492,6 +626,7 @@ impl Shard {
         grads: GradientsParams,
         sync: &SyncHandle,
         inv_scale: f32,
+        replaced: &Replaced,
     ) -> Result<(M, StepReport)> {
         // 1. This rank's shard of the gradient, on the device.
         let has_grad = if self.config.stage >= 2 {
@@ -521,7 +656,10 @@ impl Shard {
         }
         // 2. Agree on found-inf and the global norm (two scalars each way).
         let (found_inf, sum_sq) = device.check(inv_scale)?;
-        let (report, total_sum_sq) = self.conclude(found_inf, sum_sq, &has_grad)?;
+        let (report, total_sum_sq) = self.conclude(found_inf, sum_sq, &has_grad, replaced)?;
+        // Every rank found the same parameters replaced: their values become the master
+        // weights the update starts from (on the device, ordered before the update).
+        self.take_replaced_on_device::<B, M>(device, &model, replaced)?;
         // 3. The kernels skip the update themselves when found-inf, and count the step.
         let hyper = Hyper {
             scalars: self.config.scalars(lr, 0, true),
@@ -559,15 +697,19 @@ impl Shard {
     /// the squares in f32): the gradient holds an element whose square, Adam's `v`, is inf in
     /// f32.
     ///
+    /// Every rank also brings which parameters it found replaced since the last step
+    /// (`Replaced::note`, zeros when none): ranks that differ fail, all of them.
+    ///
     /// At stage 3 every rank also brings the digest and the count of its uses of the sharded
     /// parameters during the step (`ParamShards::end_step`): ranks whose sequences differ fail,
     /// every one of them naming the first rank that differs from rank 0, and which phases have
     /// a new gather schedule to share (`ParamShards::new_schedules`), which must be the same.
-    fn agree(&self, found_inf: bool, sum_sq: f64) -> Result<(bool, f64)> {
+    fn agree(&self, found_inf: bool, sum_sq: f64, replaced: &Replaced) -> Result<(bool, f64)> {
         let uses = self.shards.as_ref().map(|shards| shards.end_step());
         let new_schedules = self.shards.as_ref().map_or(0, |s| s.new_schedules());
         let mut mine = sum_sq.to_le_bytes().to_vec();
-        mine.extend_from_slice(&[u8::from(found_inf), new_schedules, 0, 0, 0, 0, 0, 0]);
+        mine.extend_from_slice(&[u8::from(found_inf), new_schedules]);
+        mine.extend_from_slice(&replaced.note());
         if let Some((digest, count)) = uses {
             mine.extend_from_slice(&digest.to_le_bytes());
             mine.extend_from_slice(&count.to_le_bytes());
@@ -599,6 +741,12 @@ impl Shard {
                 }));
             }
         }
+        // Which parameters each rank found replaced since the last step (`crate::loaded`).
+        replaced.check_agreed(
+            all.chunks_exact(per_rank)
+                .map(|rank| &rank[NOTE_AT..NOTE_AT + NOTE_LEN]),
+            &self.params,
+        )?;
         if let Some(shards) = &self.shards {
             // The ranks used the parameters in the same order: a recorded one becomes the
             // gather schedule, once every rank has one for the same phases.
@@ -609,6 +757,10 @@ impl Shard {
         Ok((any_inf || !(total as f32).is_finite(), total))
     }
 }
+
+/// Where [`Replaced::note`] lies in a rank's part of the step's agreement: after the sum of
+/// squares (8 bytes), found-inf and the new schedules (a byte each).
+const NOTE_AT: usize = 10;
 
 /// Stage 3's sharded model (`Ddp::prepare_sharded`), and a check that the stage and the model
 /// go together: stage 3 needs the sharded model, and stages 1 and 2 would replace its
@@ -651,6 +803,16 @@ impl<B: AutodiffBackend> ModuleMapper<B> for FreshLeaves<'_> {
             mapper,
         )
     }
+}
+
+/// This rank's pieces of the parameters `replaced` names.
+fn replaced_pieces<'a>(
+    pieces: &'a [Piece],
+    replaced: &'a Replaced,
+) -> impl Iterator<Item = &'a Piece> + 'a {
+    pieces
+        .iter()
+        .filter(|piece| replaced.params.contains(&piece.param))
 }
 
 /// The host step's thread pool of `threads` threads.
@@ -727,6 +889,8 @@ struct ReadShard<'a, B: AutodiffBackend> {
     params: &'a [ParamInfo],
     pieces: &'a [Piece],
     grads: Option<&'a GradientsParams>,
+    /// When given, only these parameters' pieces (the replaced ones, `crate::loaded`).
+    only: Option<&'a [usize]>,
     out: &'a mut [f32],
     /// Per piece: whether its parameter had a gradient.
     present: Vec<bool>,
@@ -740,6 +904,9 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for ReadShard<'_, B> {
         let Some(index) = self.params.iter().position(|p| p.id == param.id) else {
             return;
         };
+        if self.only.is_some_and(|only| !only.contains(&index)) {
+            return;
+        }
         if let Some(grads) = self.grads {
             self.has_grad[index] = grads.get::<B::InnerBackend, D>(param.id).is_some();
         }

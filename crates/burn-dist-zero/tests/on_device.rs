@@ -9,6 +9,9 @@ use burn::backend::Autodiff;
 use burn::module::AutodiffModule;
 use burn::tensor::backend::AutodiffBackend;
 use burn_dist::{Ddp, DdpConfig, DistributedBackend, FlatLayout, ReducerStats};
+use burn_dist_testing::roll_back::{
+    AfterLoad, RolledBack, assert_trained_on_from_the_load, roll_back,
+};
 use burn_dist_testing::{
     BurnAdamW, OptimizerKind, Stepper, Synthetic, assert_close, train_ranks, train_ranks_with,
 };
@@ -385,6 +388,54 @@ fn an_imported_device_state_keeps_the_decay_rule() {
             after == &want,
             "tensor {i} (a {})",
             if i % 2 == 0 { "weight" } else { "bias" }
+        );
+    }
+}
+
+/// "Roll back to the best model" (`burn_dist_testing::roll_back`) on 2 ranks on wgpu at
+/// `stage`, ZeroAdam's state in device memory.
+fn rolled_back_on_device(stage: u8, after_load: AfterLoad) -> Vec<RolledBack<()>> {
+    use burn_dist_comm::{CommConfig, HostCommunicator};
+    use burn_dist_testing::{MLP_SIZES, Mlp, zero_mlp_step};
+    burn_dist_kernels::testing::wgpu_client();
+    let device = WgpuDevice::default();
+    let comms = HostCommunicator::local_group(2, &CommConfig::default());
+    burn_dist_comm::testing::run_ranks(comms, |rank, comm| {
+        let mut ddp = Ddp::for_thread_staged::<Wgpu>(comm, DdpConfig::new(), &device);
+        let model = ddp
+            .prepare(Mlp::<OnWgpu>::new(&MLP_SIZES, 7, &device))
+            .unwrap();
+        let mut zero = ZeroAdamConfig::new()
+            .with_stage(stage)
+            .init::<OnWgpu, _>(&ddp, &model)
+            .and_then(|zero| zero.on_device::<Wgpu>(&ddp, &device))
+            .unwrap();
+        let f32 = burn::tensor::FloatDType::F32;
+        let step = |ddp: &mut Ddp, zero: &mut _, model, s| {
+            zero_mlp_step(
+                ddp,
+                model,
+                zero,
+                (rank, 2, s),
+                (GLOBAL_BATCH, LR),
+                f32,
+                &device,
+            )
+        };
+        roll_back(&mut ddp, &mut zero, model, step, after_load, |_| ())
+    })
+}
+
+/// A record kept in memory and loaded back: the device step takes the loaded values into its
+/// master weights in device memory, and goes on from them, bit for bit as a run whose master
+/// weights were set to them by an import.
+#[test]
+fn device_step_goes_on_from_a_record_loaded_back_at_stages_1_and_2() {
+    for stage in [1, 2] {
+        assert_trained_on_from_the_load(
+            &rolled_back_on_device(stage, AfterLoad::TrainOn),
+            &rolled_back_on_device(stage, AfterLoad::ImportLoadedMaster),
+            &format!("stage {stage} on wgpu"),
         );
     }
 }

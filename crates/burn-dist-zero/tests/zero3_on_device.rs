@@ -234,19 +234,11 @@ fn mlp_step<B: AutodiffBackend>(
     ddp: &mut Ddp,
     model: burn_dist_testing::Mlp<B>,
     zero: &mut burn_dist_zero::ZeroAdam,
-    (rank, world, step): (usize, usize, usize),
+    at: (usize, usize, usize),
     dtype: burn::tensor::FloatDType,
     device: &B::Device,
 ) -> burn_dist_testing::Mlp<B> {
-    use burn_dist_testing::{MLP_SIZES, shard_rows, synthetic_rows};
-    let [input, .., output] = MLP_SIZES;
-    let rows = shard_rows(GLOBAL_BATCH, rank, world);
-    let x =
-        synthetic_rows::<B, 2>(0, step, [GLOBAL_BATCH, input], rows.clone(), device).cast(dtype);
-    let y = synthetic_rows::<B, 2>(1, step, [GLOBAL_BATCH, output], rows, device).cast(dtype);
-    let loss = (model.forward(x) - y).powi_scalar(2).mean();
-    let grads = ddp.backward(loss, &model).unwrap().unwrap();
-    zero.step(LR, model, grads, ddp).unwrap().0
+    burn_dist_testing::zero_mlp_step(ddp, model, zero, at, (GLOBAL_BATCH, LR), dtype, device)
 }
 
 /// What [`on_device_ranks`] hands each rank: its `Ddp`, its prepared MLP and its ZeroAdam in
@@ -395,5 +387,30 @@ fn a_model_of_another_backend_than_the_device_paths_is_refused_by_name() {
     assert!(
         error.contains("FusionTensor") && error.contains("CubeTensor"),
         "{error}"
+    );
+}
+
+/// f16 parameters at stage 3 on the device, a record kept in memory and loaded back: the load
+/// writes the pieces (the device state's model copy), and the next step takes them into its
+/// f32 master weights in device memory and goes on from them, bit for bit as a run whose
+/// master weights were set to them by an import. (In f32 the pieces are the master weights.)
+#[test]
+fn stage_three_on_the_device_goes_on_from_a_record_loaded_back_in_f16() {
+    use burn::tensor::FloatDType;
+    use burn_dist_testing::roll_back::{AfterLoad, assert_trained_on_from_the_load, roll_back};
+    let (world, f16) = (2, FloatDType::F16);
+    let device = WgpuDevice::default();
+    let run = |after_load| {
+        on_device_ranks(world, f16, &|rank, ddp, model, zero| {
+            let step = |ddp: &mut Ddp, zero: &mut _, model, s| {
+                mlp_step(ddp, model, zero, (rank, world, s), f16, &device)
+            };
+            roll_back(ddp, zero, model, step, after_load, |_| ())
+        })
+    };
+    assert_trained_on_from_the_load(
+        &run(AfterLoad::TrainOn),
+        &run(AfterLoad::ImportLoadedMaster),
+        "f16 at stage 3 on wgpu",
     );
 }

@@ -17,15 +17,19 @@ use burn::nn::transformer::{
 use burn::nn::{Linear, LinearConfig, LinearLayout};
 use burn::optim::Optimizer;
 use burn::record::{BinBytesRecorder, FullPrecisionSettings, Recorder};
-use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
-use burn_dist::{Ddp, DdpConfig, DistributedAutodiff, DistributedBackend, Sharded};
+use burn::tensor::{FloatDType, Tensor};
+use burn_dist::{Ddp, DdpConfig, DistributedAutodiff, DistributedBackend, PrefetchConfig, Sharded};
 use burn_dist_comm::testing::run_ranks;
 use burn_dist_comm::{CommConfig, HostCommunicator};
-use burn_dist_testing::{
-    DeterministicInit, MLP_SIZES, Mlp, assert_close, parameters, shard_rows, synthetic_rows,
+use burn_dist_testing::roll_back::{
+    AfterLoad, RolledBack, assert_trained_on_from_the_load, roll_back,
 };
-use burn_dist_zero::{ZeroAdam, ZeroAdamConfig};
+use burn_dist_testing::{
+    Cast, DeterministicInit, MLP_SIZES, Mlp, assert_close, parameters, seeded_when_initialized,
+    shard_rows, synthetic_rows,
+};
+use burn_dist_zero::{ZeroAdam, ZeroAdamConfig, ZeroError};
 use burn_flex::{Flex, FlexDevice};
 
 type Stage3 = Autodiff<DistributedBackend<Flex, Sharded>>;
@@ -321,18 +325,38 @@ enum BurnModel {
     Encoder,
     /// A column-major `Linear`, whose weight's own record transformations transpose it.
     ColumnMajorLinear,
+    /// Two non-square column-major `Linear`s (16 → 24 → 16) left lazy, as `LinearConfig::init`
+    /// makes them: Burn's lazy shape of such a weight is its draw's, `[d_output, d_input]`,
+    /// before the init transformation transposes it, so `Ddp::prepare_sharded` must take the
+    /// initialized one. (Trainable leaves, `seeded_when_initialized`: Burn's own leaves the
+    /// weight untrainable on Autodiff, and its load of an in-memory record of a trainable one
+    /// panics at stages 1 and 2, so this model is not rolled back here.)
+    LazyColumnMajorLinears,
 }
 
 /// A [`BurnModel`] and its forward on `[batch, sequence, 16]`.
 #[derive(Module, Debug)]
+#[allow(clippy::large_enum_variant)] // one per rank and run
 enum Net<B: Backend> {
     Encoder(TransformerEncoder<B>),
     Linear(Linear<B>),
+    Linears(Linears<B>),
+}
+
+#[derive(Module, Debug)]
+struct Linears<B: Backend> {
+    up: Linear<B>,
+    down: Linear<B>,
 }
 
 impl<B: Backend> Net<B> {
     fn new(which: BurnModel) -> Self {
         let seeded = DeterministicInit::new(11);
+        let col = |d_input, d_output| {
+            LinearConfig::new(d_input, d_output)
+                .with_layout(LinearLayout::Col)
+                .init::<B>(&Default::default())
+        };
         match which {
             BurnModel::Encoder => Net::Encoder(
                 TransformerEncoderConfig::new(16, 32, 2, 2)
@@ -340,12 +364,22 @@ impl<B: Backend> Net<B> {
                     .init::<B>(&Default::default())
                     .map(&mut { seeded }),
             ),
-            BurnModel::ColumnMajorLinear => Net::Linear(
-                LinearConfig::new(16, 16)
-                    .with_layout(LinearLayout::Col)
-                    .init::<B>(&Default::default())
-                    .map(&mut { seeded }),
-            ),
+            BurnModel::ColumnMajorLinear => Net::Linear(col(16, 16).map(&mut { seeded })),
+            BurnModel::LazyColumnMajorLinears => {
+                let lazy = |d_input, d_output, place: usize| {
+                    let mut linear = col(d_input, d_output);
+                    linear.weight = seeded_when_initialized(linear.weight, 11, 2 * place);
+                    linear.bias = linear
+                        .bias
+                        .map(|bias| seeded_when_initialized(bias, 11, 2 * place + 1));
+                    assert!(!linear.weight.is_initialized(), "the Linear is lazy");
+                    linear
+                };
+                Net::Linears(Linears {
+                    up: lazy(16, 24, 0),
+                    down: lazy(24, 16, 1),
+                })
+            }
         }
     }
 
@@ -353,66 +387,132 @@ impl<B: Backend> Net<B> {
         match self {
             Net::Encoder(encoder) => encoder.forward(TransformerEncoderInput::new(x)),
             Net::Linear(linear) => linear.forward(x),
+            Net::Linears(Linears { up, down }) => down.forward(up.forward(x)),
         }
     }
 }
 
-/// What one rank of [`roll_back`] saw: the parameters when the record was taken, just before
-/// it was loaded back, and after; and the loss of a held-out batch on the loaded model.
-struct RolledBack {
-    at_record: Vec<Vec<f32>>,
-    before_load: Vec<Vec<f32>>,
-    loaded: Vec<Vec<f32>>,
-    held_out_loss: Vec<f32>,
+/// Step `step`'s batch of rows `rows` on `[batch, 3, 16]`, inputs and targets, in `dtype`.
+fn net_batch<B: Backend<Device = FlexDevice>>(
+    step: usize,
+    rows: std::ops::Range<usize>,
+    dtype: FloatDType,
+) -> (Tensor<B, 3>, Tensor<B, 3>) {
+    let shape = [GLOBAL_BATCH, 3, 16];
+    let x = synthetic_rows::<B, 3>(0, step, shape, rows.clone(), &FlexDevice);
+    let y = synthetic_rows::<B, 3>(1, step, shape, rows, &FlexDevice);
+    (x.cast(dtype), y.cast(dtype))
 }
 
-/// "Roll back to the best model" on `world` ranks with ZeroAdam at `stage`: train 2 steps, keep
-/// `model.clone().into_record()` in memory, train 2 more, load the record back.
-fn roll_back<B: DistributedAutodiff<Device = FlexDevice>>(
+/// A [`Net`] prepared for `stage` on this rank of `comm`'s group (`config`), its parameters in
+/// `dtype`, and ZeroAdam at `stage`.
+fn prepared_net<B: DistributedAutodiff<Device = FlexDevice>>(
+    comm: HostCommunicator,
+    config: DdpConfig,
+    which: BurnModel,
+    stage: u8,
+    dtype: FloatDType,
+) -> (Ddp, Net<B>, ZeroAdam) {
+    let mut ddp = Ddp::for_thread(comm, config);
+    let net = Net::<B>::new(which);
+    let net = match dtype {
+        FloatDType::F32 => net,
+        _ => net.map(&mut Cast(dtype)),
+    };
+    let model = B::prepare_model(&mut ddp, net).unwrap();
+    let zero = ZeroAdamConfig::new()
+        .with_stage(stage)
+        .init::<B, _>(&ddp, &model)
+        .unwrap();
+    (ddp, model, zero)
+}
+
+/// Steps `steps` of training: each rank its rows of the step's batch, the loss the mean square
+/// of the outputs' error. A step's error is returned.
+fn train_net<B: DistributedAutodiff<Device = FlexDevice>>(
+    ddp: &mut Ddp,
+    zero: &mut ZeroAdam,
+    mut model: Net<B>,
+    steps: std::ops::Range<usize>,
+    dtype: FloatDType,
+) -> Result<Net<B>, ZeroError> {
+    let rows = shard_rows(GLOBAL_BATCH, ddp.rank(), ddp.world_size());
+    for step in steps {
+        let (x, y) = net_batch::<B>(step, rows.clone(), dtype);
+        let loss = (model.forward(x) - y).powi_scalar(2).mean();
+        let grads = ddp.backward(loss, &model).unwrap().unwrap();
+        model = zero.step(1e-2, model, grads, ddp)?.0;
+    }
+    Ok(model)
+}
+
+/// [`roll_back`] on `world` ranks with ZeroAdam at `stage`, the model's parameters in `dtype`;
+/// the probe is the loss of a held-out batch on the loaded model.
+fn rolled_back<B: DistributedAutodiff<Device = FlexDevice>>(
     which: BurnModel,
     world: usize,
     stage: u8,
-) -> Vec<RolledBack> {
-    const SEQUENCE: usize = 3;
-    let batch = |step: usize, rows: std::ops::Range<usize>| {
-        let shape = [GLOBAL_BATCH, SEQUENCE, 16];
-        let x = synthetic_rows::<B, 3>(0, step, shape, rows.clone(), &FlexDevice);
-        let y = synthetic_rows::<B, 3>(1, step, shape, rows, &FlexDevice);
-        (x, y)
-    };
+    dtype: FloatDType,
+    after_load: AfterLoad,
+) -> Vec<RolledBack<Vec<f32>>> {
     run_ranks(
         HostCommunicator::local_group(world, &CommConfig::default()),
         |rank, comm| {
-            let mut ddp = Ddp::for_thread(comm, DdpConfig::new());
-            let mut model = B::prepare_model(&mut ddp, Net::<B>::new(which)).unwrap();
-            let mut zero = ZeroAdamConfig::new()
-                .with_stage(stage)
-                .init::<B, _>(&ddp, &model)
-                .unwrap();
-            let rows = shard_rows(GLOBAL_BATCH, rank, world);
-            let (mut kept, mut at_record) = (None, Vec::new());
-            for step in 0..4 {
-                if step == 2 {
-                    kept = Some(model.clone().into_record());
-                    at_record = parameters::<B, _>(&model);
-                }
-                let (x, y) = batch(step, rows.clone());
+            let (mut ddp, model, mut zero) =
+                prepared_net::<B>(comm, DdpConfig::new(), which, stage, dtype);
+            let step = |ddp: &mut Ddp, zero: &mut ZeroAdam, model, s: usize| {
+                train_net(ddp, zero, model, s..s + 1, dtype).unwrap()
+            };
+            let held_out_loss = |model: &Net<B>| {
+                let (x, y) = net_batch::<B>(1_000, shard_rows(GLOBAL_BATCH, rank, world), dtype);
                 let loss = (model.forward(x) - y).powi_scalar(2).mean();
-                let grads = ddp.backward(loss, &model).unwrap().unwrap();
-                model = zero.step(1e-2, model, grads, &ddp).unwrap().0;
-            }
-            let before_load = parameters::<B, _>(&model);
-            let model = ddp.mark(model.load_record(kept.expect("kept at step 2")));
-            let (x, y) = batch(1_000, rows);
-            let held_out_loss = (model.forward(x) - y).powi_scalar(2).mean();
-            RolledBack {
-                at_record,
-                before_load,
-                loaded: parameters::<B, _>(&model),
-                held_out_loss: held_out_loss.into_data().to_vec().unwrap(),
-            }
+                loss.cast(FloatDType::F32).into_data().to_vec().unwrap()
+            };
+            roll_back(&mut ddp, &mut zero, model, step, after_load, held_out_loss)
         },
     )
+}
+
+/// Every float parameter's values, in visit order.
+type Parameters = Vec<Vec<f32>>;
+
+/// The parameters of [`BurnModel::LazyColumnMajorLinears`] on every rank of `world` when
+/// prepared, and after 4 steps at `stage`.
+fn lazy_linears_trained<B: DistributedAutodiff<Device = FlexDevice>>(
+    world: usize,
+    stage: u8,
+) -> Vec<(Parameters, Parameters)> {
+    let which = BurnModel::LazyColumnMajorLinears;
+    let group = HostCommunicator::local_group(world, &CommConfig::default());
+    run_ranks(group, |_, comm| {
+        let f32 = FloatDType::F32;
+        let (mut ddp, model, mut zero) =
+            prepared_net::<B>(comm, DdpConfig::new(), which, stage, f32);
+        let start = parameters::<B, _>(&model);
+        let end = train_net(&mut ddp, &mut zero, model, 0..4, f32).unwrap();
+        (start, parameters::<B, _>(&end))
+    })
+}
+
+#[test]
+fn a_lazy_column_major_linear_trains_at_stage_3_as_at_stage_2() {
+    type Stage2 = Autodiff<DistributedBackend<Flex>>;
+    for world in [2, 3] {
+        let two = lazy_linears_trained::<Stage2>(world, 2);
+        let three = lazy_linears_trained::<Stage3>(world, 3);
+        for (rank, ((start, two), (_, three))) in two.iter().zip(&three).enumerate() {
+            let what = format!("{world} ranks, rank {rank}");
+            assert_eq!(start[0].len(), 16 * 24, "{what}: not the model under test");
+            assert!(
+                start.iter().zip(two).all(|(a, b)| a != b),
+                "{what}: stage 2 left a parameter untrained"
+            );
+            assert!(
+                three == two,
+                "{what}: stage 3 trained other values than stage 2"
+            );
+        }
+    }
 }
 
 #[test]
@@ -420,8 +520,11 @@ fn a_record_kept_in_memory_and_loaded_back_at_stage_3_ends_bitwise_as_at_stage_2
     type Stage2 = Autodiff<DistributedBackend<Flex>>;
     for which in [BurnModel::Encoder, BurnModel::ColumnMajorLinear] {
         for world in [2, 3] {
-            let two = roll_back::<Stage2>(which, world, 2);
-            let three = roll_back::<Stage3>(which, world, 3);
+            let roll_back_at = |stage| match stage {
+                2 => rolled_back::<Stage2>(which, world, 2, FloatDType::F32, AfterLoad::TrainOn),
+                _ => rolled_back::<Stage3>(which, world, 3, FloatDType::F32, AfterLoad::TrainOn),
+            };
+            let (two, three) = (roll_back_at(2), roll_back_at(3));
             for (rank, (two, three)) in two.iter().zip(&three).enumerate() {
                 let what = format!("{which:?}, {world} ranks, rank {rank}");
                 assert!(
@@ -441,13 +544,98 @@ fn a_record_kept_in_memory_and_loaded_back_at_stage_3_ends_bitwise_as_at_stage_2
                     "{what}: stage 3 loaded its record back to other values than stage 2"
                 );
                 assert!(
-                    three.held_out_loss == two.held_out_loss,
+                    three.probed == two.probed,
                     "{what}: the loaded model computes another loss at stage 3 ({:?}) than at \
                      stage 2 ({:?})",
-                    three.held_out_loss,
-                    two.held_out_loss
+                    three.probed,
+                    two.probed
+                );
+                assert!(
+                    three.end == two.end,
+                    "{what}: stage 3 trained on from the loaded model to other values than stage 2"
                 );
             }
+        }
+    }
+}
+
+#[test]
+fn training_goes_on_from_a_record_loaded_back_at_every_stage_and_precision() {
+    type Replicated = Autodiff<DistributedBackend<Flex>>;
+    // Every float parameter of the encoder is trainable, so the reference's import can take
+    // the model's values by visit order.
+    let which = BurnModel::Encoder;
+    for dtype in [FloatDType::F32, FloatDType::BF16, FloatDType::F16] {
+        for stage in 1..=3 {
+            let run = |after_load| match stage {
+                3 => rolled_back::<Stage3>(which, 2, 3, dtype, after_load),
+                _ => rolled_back::<Replicated>(which, 2, stage, dtype, after_load),
+            };
+            // Bitwise: ZeroAdam's master weights become the loaded values converted to f32
+            // (exact from bf16 and f16), as the reference's import sets them, and the moments
+            // and step counts are the same on both sides.
+            assert_trained_on_from_the_load(
+                &run(AfterLoad::TrainOn),
+                &run(AfterLoad::ImportLoadedMaster),
+                &format!("{which:?} in {dtype:?} at stage {stage}"),
+            );
+        }
+    }
+}
+
+/// On 2 ranks at `stage`: keeps a record after a step, steps again, loads it on rank 0 only and
+/// steps: every rank's error.
+fn load_on_rank_0_only<B: DistributedAutodiff<Device = FlexDevice>>(stage: u8) -> Vec<ZeroError> {
+    // A load drops the gathers issued ahead on the rank that loads: without a window the
+    // ranks' gathers still pair up, and the step is where they meet.
+    let config = DdpConfig::new().with_prefetch(PrefetchConfig::OFF);
+    run_ranks(
+        HostCommunicator::local_group(2, &CommConfig::default()),
+        |rank, comm| {
+            let f32 = FloatDType::F32;
+            let (mut ddp, model, mut zero) =
+                prepared_net::<B>(comm, config.clone(), BurnModel::Encoder, stage, f32);
+            let model = train_net(&mut ddp, &mut zero, model, 0..1, f32).unwrap();
+            let kept = model.clone().into_record();
+            let mut model = train_net(&mut ddp, &mut zero, model, 1..2, f32).unwrap();
+            if rank == 0 {
+                model = ddp.mark(model.load_record(kept));
+            }
+            match train_net(&mut ddp, &mut zero, model, 2..3, f32) {
+                Err(error) => error,
+                Ok(_) => panic!("rank {rank}: the step after a load on rank 0 alone passed"),
+            }
+        },
+    )
+}
+
+#[test]
+fn a_record_loaded_on_one_rank_only_fails_the_next_step_on_every_rank() {
+    type Replicated = Autodiff<DistributedBackend<Flex>>;
+    for (stage, errors) in [
+        (2, load_on_rank_0_only::<Replicated>(2)),
+        (3, load_on_rank_0_only::<Stage3>(3)),
+    ] {
+        for (rank, error) in errors.iter().enumerate() {
+            let what = format!("stage {stage}, rank {rank}");
+            let ZeroError::ReplacedOnSomeRanks {
+                rank: differs,
+                found,
+                rank0_found,
+                ..
+            } = error
+            else {
+                panic!("{what}: {error}");
+            };
+            assert_eq!(*differs, 1, "{what}: {error}");
+            assert_eq!(found.replaced, 0, "{what}: {error}");
+            assert!(rank0_found.replaced > 0, "{what}: {error}");
+            let said = error.to_string();
+            assert!(
+                said.contains("rank 1 found 0 parameters replaced")
+                    && said.contains("on some ranks only"),
+                "{what}: {said}"
+            );
         }
     }
 }

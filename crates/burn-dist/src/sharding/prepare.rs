@@ -2,14 +2,19 @@
 //! ever holds it whole.
 //!
 //! Three walks over the model:
-//! 1. **Plan** (a visitor; nothing is initialized): every tensor's name, kind and shape, from
+//! 1. **Plan** (a visitor; nothing is initialized): every tensor's name, kind and size, from
 //!    Burn's lazy parameters (`Param::lazy_shape`), checked against rank 0's; which float
-//!    parameters are trainable; the flat layout of those over the group.
+//!    parameters are trainable; the flat layout of those over the group. A float tensor is
+//!    planned by its number of dimensions and elements, not its shape: Burn's lazy shape is
+//!    the shape *before* the parameter's init transformation (a column-major `Linear` stores
+//!    its `[d_output, d_input]` draw transposed, `[d_input, d_output]`), which only
+//!    initializing tells, and a rank that initialized a parameter already (loaded a record
+//!    before preparing) must not differ from one that did not.
 //! 2. **Stream** (a mapper): each tensor in turn is materialized (Burn initializes a lazy
-//!    parameter here, alone), its dtype checked against rank 0's, rank 0's values broadcast;
-//!    a trainable parameter keeps only this rank's piece of them and leaves a one-element
-//!    stand-in in the model, the others keep rank 0's values. At most one tensor is whole at a
-//!    time.
+//!    parameter here, alone), its shape and dtype checked against rank 0's, rank 0's values
+//!    broadcast; a trainable parameter keeps only this rank's piece of them and leaves a
+//!    one-element stand-in in the model, the others keep rank 0's values. At most one tensor
+//!    is whole at a time.
 //! 3. **Install** (a mapper): every stand-in becomes a handle to its parameter in the rank's
 //!    [`ParamShards`], which exists only once every piece is known.
 
@@ -35,17 +40,19 @@ pub const SHARD_ALIGN: usize = 4;
 /// What walk 1 learns without initializing anything.
 #[derive(Default)]
 pub(crate) struct ShardPlan {
-    /// One line per tensor: kind, name and shape (dtypes are not known before initialization).
+    /// One line per tensor: kind, name and shape, or for a float tensor its number of
+    /// dimensions and elements (see the module's docs; dtypes are not known before
+    /// initialization either).
     pub lines: Vec<String>,
-    /// Per float tensor, in visit order: name, shape, trainable.
-    pub floats: Vec<(String, Vec<usize>, bool)>,
+    /// Per float tensor, in visit order: name, elements, trainable.
+    pub floats: Vec<(String, usize, bool)>,
     path: Vec<String>,
 }
 
 impl ShardPlan {
-    fn record(&mut self, kind: &str, shape: &[usize]) -> String {
+    fn record(&mut self, kind: &str, size: &str) -> String {
         let name = self.path.join(".");
-        self.lines.push(format!("{kind} {name} {shape:?}"));
+        self.lines.push(format!("{kind} {name} {size}"));
         name
     }
 
@@ -54,7 +61,7 @@ impl ShardPlan {
         self.floats
             .iter()
             .filter(|(_, _, trainable)| *trainable)
-            .map(|(_, shape, _)| shape.iter().product())
+            .map(|&(_, numel, _)| numel)
             .collect()
     }
 }
@@ -69,18 +76,20 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for ShardPlan {
     }
 
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-        let shape = param.lazy_shape().as_slice().to_vec();
+        // An init transformation may permute the lazy shape, never change the element count.
+        let numel = param.lazy_shape().num_elements();
         let trainable = lazy_require_grad(param);
-        let name = self.record(if trainable { "param" } else { "float" }, &shape);
-        self.floats.push((name, shape, trainable));
+        let kind = if trainable { "param" } else { "float" };
+        let name = self.record(kind, &format!("{D}-d, {numel} elements"));
+        self.floats.push((name, numel, trainable));
     }
 
     fn visit_int<const D: usize>(&mut self, param: &Param<Tensor<B, D, Int>>) {
-        self.record("int", param.lazy_shape().as_slice());
+        self.record("int", &format!("{:?}", param.lazy_shape().as_slice()));
     }
 
     fn visit_bool<const D: usize>(&mut self, param: &Param<Tensor<B, D, Bool>>) {
-        self.record("bool", param.lazy_shape().as_slice());
+        self.record("bool", &format!("{:?}", param.lazy_shape().as_slice()));
     }
 }
 
@@ -117,7 +126,7 @@ struct Stream<'a, X: Backend> {
 
 impl<X: Backend> Stream<'_, X> {
     /// Rank 0's bytes of a tensor named `name` whose bytes here are `data`, after checking that
-    /// every rank has the same dtype and size for it.
+    /// every rank has the same shape, dtype and size for it.
     fn rank0_bytes(&mut self, name: &str, data: TensorData) -> Option<Vec<u8>> {
         if self.error.is_some() {
             return None;
@@ -133,17 +142,25 @@ impl<X: Backend> Stream<'_, X> {
 
     fn broadcast(&self, name: &str, data: TensorData) -> Result<Vec<u8>> {
         let code = dtype_code(data.dtype);
+        // The plan agreed on the number of dimensions: every rank sends as many values.
+        let mut mine = vec![code, data.bytes.len() as u64];
+        mine.extend(data.shape.as_slice().iter().map(|&d| d as u64));
         let bytes = data.into_bytes().to_vec();
-        let all = self.ddp.all_gather_u64s(&[code, bytes.len() as u64])?;
-        if let Some(rank) = (1..self.ddp.world_size()).find(|&q| all[2 * q..2 * q + 2] != all[..2])
+        let all = self.ddp.all_gather_u64s(&mine)?;
+        let n = mine.len();
+        if let Some(rank) = (1..self.ddp.world_size()).find(|&q| all[n * q..n * q + n] != all[..n])
         {
+            let at = |q: usize| &all[n * q..n * q + n];
+            let (theirs, rank0) = (at(rank), at(0));
             return Err(DistError::ModelMismatch(format!(
-                "tensor `{name}` has dtype code {} and {} bytes on rank {rank} but dtype code {} \
-                 and {} bytes on rank 0 (codes: {})",
-                all[2 * rank],
-                all[2 * rank + 1],
-                all[0],
-                all[1],
+                "tensor `{name}` has shape {:?}, dtype code {} and {} bytes on rank {rank} but \
+                 shape {:?}, dtype code {} and {} bytes on rank 0 (codes: {})",
+                &theirs[2..],
+                theirs[0],
+                theirs[1],
+                &rank0[2..],
+                rank0[0],
+                rank0[1],
                 DTYPE_CODES
             )));
         }
@@ -178,7 +195,10 @@ where
         let (_, tensor, mapper) = param.consume();
         // Prepared before: the record hooks wrap the parameter's own mapper, which is kept.
         let mapper = record::own_mapper::<X, B, D>(&tensor).unwrap_or(mapper);
-        let (name, shape, trainable) = self.plan.floats[self.float].clone();
+        let (name, numel, trainable) = self.plan.floats[self.float].clone();
+        // The initialized tensor's shape, not the lazy one (see the module's docs), as
+        // `Ddp::prepare` sees it: the same ids and shapes at every stage.
+        let shape = tensor.dims().to_vec();
         let id = stable_param_id(self.float, &name, &shape);
         self.float += 1;
         let (dtype, device) = (tensor.dtype(), tensor.device());
@@ -194,6 +214,14 @@ where
         let Some(bytes) = self.rank0_bytes(&name, inner.into_data()) else {
             return Param::from_mapped_value(id, Tensor::zeros([1; D], &device), mapper);
         };
+        // Every rank has this shape (the broadcast checked), so every rank fails alike here.
+        if shape.iter().product::<usize>() != numel {
+            self.error = Some(DistError::ModelMismatch(format!(
+                "tensor `{name}` was planned with {numel} elements (Burn's lazy shape) but \
+                 initialized with shape {shape:?}"
+            )));
+            return Param::from_mapped_value(id, Tensor::zeros([1; D], &device), mapper);
+        }
         let data = TensorData::from_bytes_vec(bytes, shape.clone(), dtype);
         if !trainable {
             let like = Tensor::<B, D>::zeros([1; D], &device);

@@ -2,6 +2,7 @@
 
 use std::any::Any;
 use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use burn::module::{Module, ModuleVisitor, Param, ParamId};
@@ -146,6 +147,10 @@ pub struct ParamShards {
     /// Tensors that uses made, kept for their parameters' later uses when the schedule says so
     /// ([`Fetched::Kept`]): at most one per parameter.
     kept: Mutex<Vec<KeptTensor>>,
+    /// Per parameter: how many times values from outside the optimizer were written into its
+    /// pieces ([`ParamShards::set_piece`]: a record or a checkpoint loaded), so that an
+    /// optimizer with master weights of its own sees the load ([`ParamShards::loads`]).
+    loads: Vec<AtomicU64>,
 }
 
 /// A backend's float primitive made for one use of parameter `index`, kept for a later one.
@@ -258,6 +263,7 @@ impl ParamShards {
             own_mappers: Mutex::new((0..count).map(|_| None).collect()),
             pool: Arc::default(),
             kept: Mutex::new(Vec::new()),
+            loads: (0..count).map(|_| AtomicU64::new(0)).collect(),
         }
     }
 
@@ -756,8 +762,9 @@ impl ParamShards {
     /// communicated.
     pub fn set_piece(&self, index: usize, piece: &[u8]) {
         // On every rank alike, holding a piece or not: what it drops decides what is gathered
-        // ahead next, which must be the same everywhere.
+        // ahead next, which must be the same everywhere; and the ranks compare what was loaded.
         self.forget_ahead();
+        self.loads[index].fetch_add(1, Ordering::Relaxed);
         let Some(in_shard) = self.in_shard[index].clone() else {
             return; // this rank holds none of it
         };
@@ -775,6 +782,17 @@ impl ParamShards {
             #[cfg(feature = "device")]
             Held::Device(pieces) => pieces.write(in_shard, piece),
         }
+    }
+
+    /// Per parameter: how many times [`ParamShards::set_piece`] wrote into its pieces (a
+    /// record or a checkpoint loaded), on every rank alike, whether it holds a piece or not.
+    /// ZeroAdam, whose master weights below f32 are its own, compares it at every step with
+    /// what it saw at its last one, and takes the loaded values.
+    pub fn loads(&self) -> Vec<u64> {
+        self.loads
+            .iter()
+            .map(|count| count.load(Ordering::Relaxed))
+            .collect()
     }
 
     /// Which of parameter `index`'s elements this rank's piece holds (`None`: none of them).
