@@ -97,7 +97,13 @@ fn world_size_1_ddp_is_bitwise_plain_flex_after_5_adam_steps() {
             "plain_params",
             "--manifest-path",
         ])
-        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("plain/Cargo.toml"))
+        .arg(
+            std::path::PathBuf::from(
+                std::env::var_os("CARGO_MANIFEST_DIR")
+                    .expect("cargo sets CARGO_MANIFEST_DIR when it runs a test"),
+            )
+            .join("plain/Cargo.toml"),
+        )
         .env("CARGO_TARGET_DIR", &plain_target);
     if release {
         build.arg("--release");

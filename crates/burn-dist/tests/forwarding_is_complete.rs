@@ -7,7 +7,6 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::path::Path;
 
 use common::{Method, TRAITS};
 
@@ -115,7 +114,7 @@ fn forwarding_is_complete() {
 /// The committed signature lists are what burn-backend's source generates today.
 #[test]
 fn generated_lists_are_current() {
-    let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let crate_dir = crate_dir();
     let mut stale = Vec::new();
     for ((name, methods), (_, _, ours)) in source_methods().iter().zip(TRAITS) {
         let text = std::fs::read_to_string(crate_dir.join(ours)).unwrap();
@@ -140,7 +139,7 @@ fn regenerate_signature_lists() {
         eprintln!("set BURN_DIST_REGENERATE=1 to rewrite the lists");
         return;
     }
-    let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let crate_dir = crate_dir();
     for ((name, methods), (_, _, ours)) in source_methods().iter().zip(TRAITS) {
         let path = crate_dir.join(ours);
         let text = std::fs::read_to_string(&path).unwrap();
@@ -155,4 +154,12 @@ fn regenerate_signature_lists() {
             println!("{name}::{} must be written by hand in {ours}", m.name);
         }
     }
+}
+
+/// This crate's directory, read when the test runs: a binary built in another checkout that
+/// shares the target directory would otherwise read that checkout's sources.
+fn crate_dir() -> std::path::PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .expect("cargo sets CARGO_MANIFEST_DIR when it runs a test")
+        .into()
 }

@@ -2,7 +2,6 @@
 //! that page's code, to the byte, so building this crate builds the page; and it trains, on
 //! one rank without a launcher and on two through `burn-dist-run`.
 
-use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -25,7 +24,10 @@ fn first_rust_block(markdown: &str) -> String {
 
 #[test]
 fn the_guides_first_program_is_this_crates_main() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let root = std::path::PathBuf::from(
+        std::env::var_os("CARGO_MANIFEST_DIR")
+            .expect("cargo sets CARGO_MANIFEST_DIR when it runs a test"),
+    );
     let guide = std::fs::read_to_string(root.join("../../docs/guide.md")).expect("docs/guide.md");
     let main = std::fs::read_to_string(root.join("src/main.rs")).expect("src/main.rs");
     assert!(

@@ -182,7 +182,11 @@ fn generic_structs(ty: &str) -> impl Iterator<Item = &str> {
 /// only the host's. Filtered, it works offline on any machine that built this test.
 pub fn burn_backend_dir() -> PathBuf {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml");
+    let manifest = std::path::PathBuf::from(
+        std::env::var_os("CARGO_MANIFEST_DIR")
+            .expect("cargo sets CARGO_MANIFEST_DIR when it runs a test"),
+    )
+    .join("Cargo.toml");
     let out = Command::new(cargo)
         .args(["metadata", "--format-version", "1", "--offline"])
         .args(["--filter-platform", &host_triple()])
