@@ -172,8 +172,32 @@ mod tests {
 
     const MIB: u64 = 1 << 20;
 
-    /// One memory test at a time: each measures the whole process.
-    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    /// Runs `test` (this module's test of that name) alone in a child process of the test
+    /// binary, and fails if it fails there. Each of these tests measures the whole process,
+    /// and the other tests of the crate run on threads beside it: their allocations and
+    /// frees moved the PSS a test compared by more than its margin.
+    fn alone_in_a_process(test: &str, body: impl FnOnce()) {
+        const CHILD: &str = "GPT_PRETRAIN_MEMORY_TEST_ALONE";
+        if std::env::var_os(CHILD).is_some() {
+            return body();
+        }
+        let output = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", &format!("memory::tests::{test}"), "--nocapture"])
+            .args(["--test-threads", "1"])
+            .env(CHILD, "1")
+            .output()
+            .expect("the test binary runs again");
+        let text = String::from_utf8_lossy(&output.stdout).into_owned()
+            + &String::from_utf8_lossy(&output.stderr);
+        assert!(
+            output.status.success(),
+            "{test} alone in a process:\n{text}"
+        );
+        assert!(
+            text.contains("1 passed"),
+            "{test} did not run alone:\n{text}"
+        );
+    }
 
     #[test]
     fn pss_is_read_near_the_top_each_time_memory_rose_by_a_quarter_band() {
@@ -207,37 +231,38 @@ mod tests {
     /// does, while VmRSS grows by every mapping of it.
     #[test]
     fn a_shared_page_mapped_twice_counts_once_in_the_peak() {
-        let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-        let sampler = PssSampler::start().expect("Linux has smaps_rollup");
-        let before = sampler.peak();
-        let bytes = 64 << 20;
-        let file = tempfile::tempfile_in("/dev/shm").expect("a file in /dev/shm");
-        file.set_len(bytes as u64).unwrap();
-        // SAFETY: two shared mappings of a file that only this test uses.
-        let (mut first, second) = unsafe {
-            (
-                memmap2::MmapMut::map_mut(&file).unwrap(),
-                memmap2::Mmap::map(&file).unwrap(),
-            )
-        };
-        first.fill(7);
-        let resident_before = resident_bytes().unwrap();
-        let read: u64 = second.iter().step_by(4096).map(|&b| u64::from(b)).sum();
-        assert_eq!(read, 7 * (bytes as u64 / 4096));
-        let resident = resident_bytes().unwrap() - resident_before;
-        assert!(
-            resident >= bytes as u64,
-            "the second mapping's pages count again: {resident}"
-        );
-        let grown = sampler.peak() - before;
-        let mib = |b: u64| b as f64 / MIB as f64;
-        assert!(
-            (60 * MIB..=80 * MIB).contains(&grown),
-            "the peak grew by {:.1} MiB for a 64 MiB buffer mapped twice",
-            mib(grown)
-        );
-        assert!(sampler.readings() >= 3);
-        drop((first, second));
+        alone_in_a_process("a_shared_page_mapped_twice_counts_once_in_the_peak", || {
+            let sampler = PssSampler::start().expect("Linux has smaps_rollup");
+            let before = sampler.peak();
+            let bytes = 64 << 20;
+            let file = tempfile::tempfile_in("/dev/shm").expect("a file in /dev/shm");
+            file.set_len(bytes as u64).unwrap();
+            // SAFETY: two shared mappings of a file that only this test uses.
+            let (mut first, second) = unsafe {
+                (
+                    memmap2::MmapMut::map_mut(&file).unwrap(),
+                    memmap2::Mmap::map(&file).unwrap(),
+                )
+            };
+            first.fill(7);
+            let resident_before = resident_bytes().unwrap();
+            let read: u64 = second.iter().step_by(4096).map(|&b| u64::from(b)).sum();
+            assert_eq!(read, 7 * (bytes as u64 / 4096));
+            let resident = resident_bytes().unwrap() - resident_before;
+            assert!(
+                resident >= bytes as u64,
+                "the second mapping's pages count again: {resident}"
+            );
+            let grown = sampler.peak() - before;
+            let mib = |b: u64| b as f64 / MIB as f64;
+            assert!(
+                (60 * MIB..=80 * MIB).contains(&grown),
+                "the peak grew by {:.1} MiB for a 64 MiB buffer mapped twice",
+                mib(grown)
+            );
+            assert!(sampler.readings() >= 3);
+            drop((first, second));
+        });
     }
 
     /// The thread reads PSS at the high points between two of the caller's readings: memory
@@ -245,25 +270,26 @@ mod tests {
     /// by which readings may trail a rise.
     #[test]
     fn a_transient_high_within_the_step_is_in_the_peak() {
-        let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-        let sampler = PssSampler::start().expect("Linux has smaps_rollup");
-        sampler.next_step();
-        let before = pss_bytes().unwrap();
-        let bytes = 96 << 20;
-        let held = vec![1u8; bytes];
-        let want = before + bytes as u64 - band(resident_bytes().unwrap()) / 4 - 4 * MIB;
-        // Held until the thread's own readings (not the caller's: `peak` takes one) have
-        // seen it, at most 30 s on a loaded machine.
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while sampler.shared.peak.load(Ordering::Relaxed) < want {
-            assert!(
-                Instant::now() < deadline,
-                "the sampler's readings stayed {} bytes under {want}",
-                want - sampler.shared.peak.load(Ordering::Relaxed)
-            );
-            std::thread::yield_now();
-        }
-        drop(std::hint::black_box(held));
-        assert!(sampler.peak() >= want);
+        alone_in_a_process("a_transient_high_within_the_step_is_in_the_peak", || {
+            let sampler = PssSampler::start().expect("Linux has smaps_rollup");
+            sampler.next_step();
+            let before = pss_bytes().unwrap();
+            let bytes = 96 << 20;
+            let held = vec![1u8; bytes];
+            let want = before + bytes as u64 - band(resident_bytes().unwrap()) / 4 - 4 * MIB;
+            // Held until the thread's own readings (not the caller's: `peak` takes one) have
+            // seen it, at most 30 s on a loaded machine.
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while sampler.shared.peak.load(Ordering::Relaxed) < want {
+                assert!(
+                    Instant::now() < deadline,
+                    "the sampler's readings stayed {} bytes under {want}",
+                    want - sampler.shared.peak.load(Ordering::Relaxed)
+                );
+                std::thread::yield_now();
+            }
+            drop(std::hint::black_box(held));
+            assert!(sampler.peak() >= want);
+        });
     }
 }
