@@ -12,8 +12,9 @@
 //! host path reads the gradient to the host.
 //!
 //! The hooks cannot return errors. Under `Ddp::backward` an error is kept and returned from
-//! there; in a plain `loss.backward()` it panics with the reason, because training on with
-//! unsynchronized gradients would silently diverge the replicas.
+//! there; in a plain `loss.backward()` it ends the backward with the reason (`fail_op`: the
+//! error line once, then an unwind without the panic hook's backtrace), because training on
+//! with unsynchronized gradients would silently diverge the replicas.
 
 use burn::tensor::backend::Backend;
 use burn::tensor::backend::distributed::{DistributedParams, TensorRef};
@@ -29,7 +30,7 @@ use crate::reducer::Reducer;
 
 fn report(reducer: &mut Reducer, error: DistError) {
     if !reducer.caller_collects_errors {
-        panic!("burn-dist: gradient synchronization failed: {error}");
+        crate::error::fail_op(format!("gradient synchronization failed: {error}"));
     }
     reducer.hook_error.get_or_insert(error);
 }
