@@ -174,9 +174,9 @@ impl GatherPool {
     }
 }
 
-/// One gather's result, shared by its parameters' tensors; back to the pool when the last is
-/// dropped.
-struct Unit {
+/// The buffer of one unit's gather, shared by its parameters' tensors ([`PartOfUnit`]); back
+/// to the pool when the last is dropped.
+struct UnitBuffer {
     /// Taken only on drop, so nothing else holds a reference into it while the parts write
     /// their ranges through `start`.
     buffer: Option<SharedBuffer>,
@@ -186,11 +186,11 @@ struct Unit {
     pool: Arc<GatherPool>,
 }
 
-// SAFETY: `Unit` owns its buffer; the parts touch disjoint ranges of it through `start`.
-unsafe impl Send for Unit {}
-unsafe impl Sync for Unit {}
+// SAFETY: `UnitBuffer` owns its buffer; the parts touch disjoint ranges of it through `start`.
+unsafe impl Send for UnitBuffer {}
+unsafe impl Sync for UnitBuffer {}
 
-impl Drop for Unit {
+impl Drop for UnitBuffer {
     fn drop(&mut self) {
         if let Some(buffer) = self.buffer.take() {
             self.pool.give_back(buffer);
@@ -209,7 +209,7 @@ pub(crate) fn split(
     let len = buffer.as_bytes().len();
     pool.lend(buffer.capacity());
     let start = NonNull::new(buffer.as_bytes_mut().as_mut_ptr()).expect("a slice is not null");
-    let unit = Arc::new(Unit {
+    let unit = Arc::new(UnitBuffer {
         buffer: Some(buffer),
         start,
         len,
@@ -232,7 +232,7 @@ pub(crate) fn split(
 
 /// One parameter's bytes inside its unit's buffer.
 struct PartOfUnit {
-    unit: Arc<Unit>,
+    unit: Arc<UnitBuffer>,
     range: Range<usize>,
 }
 

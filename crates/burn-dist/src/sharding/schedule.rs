@@ -115,11 +115,11 @@ pub(crate) const BACKWARD_END: usize = usize::MAX;
 /// [`PrefetchConfig::unit_bytes`], 1/16: a layer's biases between the weights backward uses.
 const UNUSED_SHARE: usize = 16;
 
-/// Parameters gathered as one: plan positions `positions`, which use parameters of `params`
-/// (consecutive in the flat layout; each used at most once, in any order, and some perhaps
-/// not at all).
+/// The span of one unit, the parameters gathered as one: plan positions `positions`, which
+/// use parameters of `params` (consecutive in the flat layout; each used at most once, in any
+/// order, and some perhaps not at all).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Unit {
+pub(crate) struct UnitSpan {
     pub positions: Range<usize>,
     pub params: Range<usize>,
 }
@@ -138,7 +138,7 @@ struct Plan {
     keep: Vec<bool>,
     /// Positions of the first use after each backward's end, ascending.
     fences: Vec<usize>,
-    units: Vec<Unit>,
+    units: Vec<UnitSpan>,
     /// The unit of each position.
     unit_of: Vec<usize>,
 }
@@ -171,7 +171,7 @@ impl Plan {
         }
         let largest = order.iter().map(|&i| bytes(i)).max().unwrap_or(0);
         let (keep, kept) = Self::reuses(&order, &fences, &bytes, reuse_bytes.unwrap_or(largest));
-        let mut units: Vec<Unit> = Vec::new();
+        let mut units: Vec<UnitSpan> = Vec::new();
         let mut unit_of = Vec::with_capacity(order.len());
         // The last unit's served parameters.
         let mut served: Vec<usize> = Vec::new();
@@ -205,7 +205,7 @@ impl Plan {
                     unit.params = grown;
                 }
                 None => {
-                    units.push(Unit {
+                    units.push(UnitSpan {
                         positions: p..p + 1,
                         params: index..index + 1,
                     });
@@ -321,7 +321,7 @@ pub(crate) enum Serve {
     },
     /// By gathering `unit` now; keep it at the front when not `last`.
     Demand {
-        unit: Unit,
+        unit: UnitSpan,
         unit_index: usize,
         offset: usize,
         last: bool,
@@ -501,8 +501,8 @@ impl<T> Scheduler<T> {
     pub fn plan_ahead(
         &mut self,
         bytes_ahead: impl Fn(&T) -> usize,
-        unit_bytes: impl Fn(&Unit) -> usize,
-    ) -> Vec<(usize, Unit)> {
+        unit_bytes: impl Fn(&UnitSpan) -> usize,
+    ) -> Vec<(usize, UnitSpan)> {
         let Some(phase) = self.current else {
             return Vec::new();
         };
