@@ -72,10 +72,10 @@ pub struct ShardStats {
     /// Time ops waited for gathers to arrive, since the start, in nanoseconds.
     pub wait_nanos: u64,
     /// Host gathers written into a buffer an earlier gather of the same size left, instead of
-    /// fresh memory, since the start (the pool keeps at most the previous step's peak of
+    /// fresh memory, since the start (the pool holds at most the previous step's peak of
     /// gathered bytes).
     pub reused_buffers: u64,
-    /// Bytes of such buffers kept free for the next gathers right now.
+    /// Bytes of such buffers pooled, free for the next gathers, right now.
     pub pooled_bytes: usize,
     /// Uses served by the tensor that an earlier use of the same round made of the same
     /// parameter and kept, with no gather (a tied embedding's first use in forward, kept for
@@ -663,7 +663,7 @@ impl ParamShards {
         stats.uses = 0;
         stats.last_step_peak_bytes = stats.peak_live_bytes;
         stats.peak_live_bytes = stats.live_bytes;
-        // From the second step on, the pool keeps what the gathers held at most in a step.
+        // From the second step on, the pool holds what the gathers held at most in a step.
         self.pool.end_step();
         ended
     }
