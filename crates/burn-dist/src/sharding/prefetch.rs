@@ -167,7 +167,7 @@ impl ParamShards {
                     // Parameters of the unit that no use took are no longer held.
                     self.discard([gather]);
                 } else {
-                    scheduler.keep_front(unit_index, gather);
+                    scheduler.push_front(unit_index, gather);
                 }
                 Fetched::Part { part, keep }
             }

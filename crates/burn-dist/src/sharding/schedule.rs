@@ -319,7 +319,8 @@ pub(crate) enum Serve {
         last: bool,
         keep: bool,
     },
-    /// By gathering `unit` now; keep it at the front when not `last`.
+    /// By gathering `unit` now; pushed to the front ([`Scheduler::push_front`]) when not
+    /// `last`, to serve the unit's later uses.
     Demand {
         unit: UnitSpan,
         unit_index: usize,
@@ -490,8 +491,9 @@ impl<T> Scheduler<T> {
         self.ahead.pop_front().map(|(_, gather)| gather)
     }
 
-    /// A unit gathered on demand whose later uses are still to come: it serves them.
-    pub fn keep_front(&mut self, unit_index: usize, gather: T) {
+    /// A unit gathered on demand whose later uses are still to come: it becomes the front, and
+    /// serves them as a gather ahead would.
+    pub fn push_front(&mut self, unit_index: usize, gather: T) {
         self.ahead.push_front((unit_index, gather));
     }
 
@@ -622,7 +624,7 @@ mod tests {
                 unit_index, last, ..
             } => {
                 if !last {
-                    scheduler.keep_front(unit_index, unit_index);
+                    scheduler.push_front(unit_index, unit_index);
                 }
                 Some(unit_index)
             }
