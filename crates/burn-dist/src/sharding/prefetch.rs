@@ -71,7 +71,8 @@ impl ParamShards {
     }
 
     /// Sets how far ahead gathers go from the next use on, on every rank alike
-    /// ([`PrefetchConfig::OFF`]: each parameter gathered on demand, alone, and no schedule kept).
+    /// ([`PrefetchConfig::OFF`]: each parameter gathered on demand, alone, and the schedules
+    /// forgotten).
     pub fn set_prefetch(&self, window: PrefetchConfig) {
         let dropped = self.scheduler().set_window(window);
         self.discard(dropped);

@@ -11,7 +11,7 @@
 //! - A round that follows a plan gathers its *units* (runs of the plan whose parameters lie
 //!   together in the flat layout: a layer's weight and bias in forward, its weights in reverse
 //!   in backward, with the few bytes between them that backward does not use; one gather of
-//!   at most [`PrefetchConfig::unit_bytes`]) ahead of use, keeping at most
+//!   at most [`PrefetchConfig::unit_bytes`]) ahead of use, with at most
 //!   [`PrefetchConfig::gathers`] units and [`PrefetchConfig::bytes`] in flight beyond the one being used.
 //! - A use of a parameter used earlier in the round, with no backward's end between the two,
 //!   gathers nothing when the earlier use's tensor could be kept for it: always for the use
@@ -61,7 +61,7 @@ pub struct PrefetchConfig {
     #[config(default = 200000000)]
     pub bytes: usize,
     /// The most one gather of adjacent parameters used one after the other holds; a larger
-    /// parameter is gathered alone. It bounds what one unit keeps live, as a module does
+    /// parameter is gathered alone. It bounds what one unit holds live, as a module does
     /// under FSDP. 25 MiB: DDP's bucket, so that a gather moves about what a gradient
     /// bucket's reduction moves.
     #[config(default = 26214400)]
@@ -545,7 +545,7 @@ impl<T> Scheduler<T> {
     }
 
     /// The optimizer step: every round ends. Returns the finished rounds' orders that are to
-    /// become plans (`None` for a phase that keeps its plan), which every rank must agree on,
+    /// become plans (`None` for a phase whose plan stands), which every rank must agree on,
     /// and the gathers still ahead (none when the rounds followed their plans).
     pub fn end_step(&mut self) -> ([Option<Vec<usize>>; 2], Vec<T>) {
         let dropped = self.drop_ahead();
