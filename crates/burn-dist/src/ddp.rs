@@ -46,6 +46,7 @@ use crate::bucket::{BucketConfig, Layout};
 use crate::context::{self, Scope, SharedReducer, lock};
 use crate::error::{DistError, Result};
 use crate::flat::FlatLayout;
+use crate::gradient_shard::GradientShard;
 use crate::join::join;
 use crate::model::{
     Overwrite, ParamInfo, StableIds, Survey, distributed_id, first_difference, mark_for_sync,
@@ -53,7 +54,6 @@ use crate::model::{
 };
 use crate::random::RandomStream;
 use crate::reducer::{Reducer, ReducerEvent, ReducerStats};
-use crate::sharded::GradientShard;
 use crate::sharding::{ParamShards, PrefetchConfig, ShardStats};
 use crate::threads::PoolSize;
 

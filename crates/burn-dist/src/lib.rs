@@ -40,6 +40,7 @@ mod ddp;
 mod device;
 mod error;
 pub mod flat;
+mod gradient_shard;
 mod join;
 mod model;
 mod optim;
@@ -47,7 +48,6 @@ pub mod random;
 mod reducer;
 pub mod sampler;
 mod scaler;
-mod sharded;
 pub mod sharding;
 mod sync;
 mod threads;
@@ -63,13 +63,13 @@ pub use context::Scope;
 pub use ddp::{Ddp, DdpConfig};
 pub use error::{DistError, Result};
 pub use flat::{FlatLayout, Piece};
+pub use gradient_shard::GradientShard;
 pub use join::LAUNCHER_VARS;
 pub use model::{ParamInfo, Survey, mark_for_sync, replace_values};
 pub use optim::{DdpOptimizer, SyncCheck, SyncHandle};
 pub use reducer::{Reducer, ReducerEvent, ReducerStats};
 pub use sampler::{DistributedSampler, ShardedDataset};
 pub use scaler::{GradScaler, GradScalerConfig, agree_found_inf};
-pub use sharded::GradientShard;
 pub use sharding::{
     Holding, ParamHandle, ParamShards, Phase, PrefetchConfig, SHARD_ALIGN, ShardStats, Sharded,
     ShardedFloat, ShardedParamInfo,

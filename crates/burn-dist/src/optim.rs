@@ -18,7 +18,7 @@ use burn_dist_comm::{Communicator, HostCommunicator};
 
 use crate::context::{SharedReducer, lock};
 use crate::error::{DistError, Result};
-use crate::sharded::GradientShard;
+use crate::gradient_shard::GradientShard;
 use crate::{Ddp, ReducerStats};
 
 /// A cloneable handle on a rank's reducer and communicator, for an optimizer that lives apart

@@ -14,7 +14,7 @@
 //! ZeRO-2 ([`Reducer::shard_gradients`]): the layout is frozen to contiguous ranges of the flat
 //! parameter vector, each bucket is reduce-scattered to the owners of its elements, every
 //! micro-batch communicates, and the rank keeps only its shard of the gradient
-//! ([`crate::sharded`]).
+//! ([`crate::gradient_shard`]).
 //!
 //! Parameters unused on this rank contribute zeros; a usage bitmap (max all-reduce, issued at
 //! the start of the communicating backward) tells every rank which parameters were used on none,
@@ -36,8 +36,8 @@ use burn_dist_comm::{Communicator, HostBuffer, HostCommunicator, Pending, Reduce
 use crate::bucket::{BucketConfig, GRAD_ELEM_BYTES, Layout, complete_order};
 use crate::error::DistError;
 use crate::flat::FlatLayout;
+use crate::gradient_shard::{GradientShard, ShardedGradients};
 use crate::random::RandomStream;
-use crate::sharded::{GradientShard, ShardedGradients};
 
 /// Counters for tests and benches.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -43,7 +43,9 @@ pub trait Mode<B: Backend>:
     fn view(tensor: Self::Float, view: View) -> Self::Float;
 
     /// `B`'s `op` on a local tensor; a handle unchanged (detach on the inner backend, which does
-    /// not track gradients).
+    /// not track gradients). The decorator's `float_detach` is its one caller: "keep" here is
+    /// a handle kept as it is, not the sharded mode's kept tensors (a gathered tensor held from
+    /// one use of a parameter for its next), which are internal.
     fn keep(
         tensor: Self::Float,
         op: impl FnOnce(B::FloatTensorPrimitive) -> B::FloatTensorPrimitive,

@@ -34,7 +34,7 @@ use super::resident::CubeResident;
 use crate::bucket::Bucket;
 use crate::error::DistError;
 use crate::flat::FlatLayout;
-use crate::sharded::owner_counts;
+use crate::gradient_shard::owner_counts;
 
 /// burn-cubecl's operations on the cubecl tensors the store holds (which float type the
 /// backend is instantiated with does not matter to them: each tensor carries its dtype).

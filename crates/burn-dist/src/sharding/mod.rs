@@ -139,6 +139,7 @@ impl<B: Backend> Mode<B> for Sharded {
         }
     }
 
+    // A detach (`float_detach`): a handle passes as it is. Not the kept tensors of `shards.rs`.
     fn keep(
         tensor: Self::Float,
         op: impl FnOnce(B::FloatTensorPrimitive) -> B::FloatTensorPrimitive,

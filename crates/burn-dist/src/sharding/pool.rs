@@ -11,25 +11,25 @@
 //! (`HostCommunicator::shared_buffer`): where the ranks share a host, the peers read each
 //! rank's pieces straight out of its buffer.
 //!
-//! What it keeps is bounded, since stage 3 is chosen for memory:
+//! What it pools is bounded, since stage 3 is chosen for memory:
 //! - free buffers and units alive together never hold more than the units alive held at once
 //!   in a step;
 //! - free buffers hold at most the largest buffer the pool has lent, one unit's worth: a
 //!   finished unit's buffer is taken again by the next gather issued ahead, so one is what the
 //!   window cycles through; a buffer given back past that bound replaces the older free ones;
 //! - results of 32 MiB or more (the tied embedding, which would be held through the whole
-//!   step) are not kept.
+//!   step) are not pooled.
 //!
 //! The free buffers lie in shared memory that the rank holds beside its private memory at
 //! every moment of the step, its highest included (the activations at the turn to backward).
 //! With only the first and third bounds, on a 19 M-parameter GPT at 4 ranks (units of 24 MiB,
-//! the whole model gathered in three) the pool kept 80 MiB between steps, and the ranks' peak
+//! the whole model gathered in three) the pool held 80 MiB between steps, and the ranks' peak
 //! PSS (private memory plus each rank's share of shared pages) was 280-300 MiB with it against
-//! 229-258 MiB with no pool at all (issue 45). At the GPT-2 124M shape the first bound kept
+//! 229-258 MiB with no pool at all (issue 45). At the GPT-2 124M shape the first bound pooled
 //! 20 MiB, within the second: the peak per rank unchanged (1049 against 1038 MiB VmHWM) and the
-//! step 0.86×; keeping up to the whole gathered peak, tied embedding included, was about 5 %
+//! step 0.86×; pooling up to the whole gathered peak, tied embedding included, was about 5 %
 //! faster, within the VM's spread between runs, for 250 MiB more (docs/perf/zero3.md, "Gathers
-//! into kept buffers").
+//! into pooled buffers").
 //!
 //! The parameters of a unit share its buffer: each is a [`Bytes`] whose allocation controller
 //! ([`PartOfUnit`]) points at its own disjoint range. `TensorData::from_bytes_vec`, by contrast,
@@ -62,25 +62,25 @@ struct Free {
     /// Bytes of the buffers in `by_capacity`.
     bytes: usize,
     /// Bytes of the gathered units alive (their tensors not all dropped yet) of a size the
-    /// pool keeps.
+    /// pool takes back.
     out: usize,
     /// The most `out` reached since the last `end_step`.
     peak_out: usize,
     /// What units alive and free buffers may hold together: the most that units alive held
     /// at once in a step (`GatherPool::end_step`).
     cap: usize,
-    /// The largest buffer lent of a size the pool keeps: what the free buffers may hold.
+    /// The largest buffer lent of a size the pool takes back: what the free buffers may hold.
     largest: usize,
     reused: u64,
 }
 
 impl Free {
-    /// Frees one kept buffer (the smallest).
+    /// Frees one pooled buffer (the smallest).
     fn evict_one(&mut self) {
         let mut first = self
             .by_capacity
             .first_entry()
-            .expect("a kept buffer to free");
+            .expect("a pooled buffer to free");
         let capacity = *first.key();
         first.get_mut().pop();
         if first.get().is_empty() {
@@ -91,16 +91,16 @@ impl Free {
 }
 
 impl GatherPool {
-    /// A buffer of `len` bytes kept from an earlier gather, if one is free that holds them
+    /// A pooled buffer of `len` bytes from an earlier gather, if one is free that holds them
     /// within [`SLACK`] (its contents are the old gather's: the next gather overwrites its
     /// `len` bytes).
     pub(crate) fn take(&self, len: usize) -> Option<SharedBuffer> {
         let mut free = self.lock();
         let most = len.checked_mul(SLACK)?;
         let (&capacity, _) = free.by_capacity.range(len.max(1)..=most).next()?;
-        let kept = free.by_capacity.get_mut(&capacity).expect("just found");
-        let mut buffer = kept.pop().expect("no empty lists are kept");
-        if kept.is_empty() {
+        let same_size = free.by_capacity.get_mut(&capacity).expect("just found");
+        let mut buffer = same_size.pop().expect("no empty lists are left in the map");
+        if same_size.is_empty() {
             free.by_capacity.remove(&capacity);
         }
         free.bytes -= capacity;
@@ -112,28 +112,28 @@ impl GatherPool {
         Some(buffer)
     }
 
-    /// A step ended: from now on a finished gather's buffer is kept only while the units alive
-    /// and the free buffers hold together at most what the units alive held at once in a
-    /// step (so keeping buffers adds no more than the gathers themselves once held).
+    /// A step ended: from now on a finished gather's buffer is pooled only while the units
+    /// alive and the free buffers hold together at most what the units alive held at once in a
+    /// step (so pooling buffers adds no more than the gathers themselves once held).
     pub(crate) fn end_step(&self) {
         let mut free = self.lock();
         free.cap = free.cap.max(free.peak_out);
         free.peak_out = free.out;
     }
 
-    /// Gathers that wrote into a kept buffer instead of a fresh one, since the start.
+    /// Gathers that wrote into a pooled buffer instead of a fresh one, since the start.
     pub(crate) fn reused(&self) -> u64 {
         self.lock().reused
     }
 
-    /// Bytes of free buffers kept right now.
+    /// Bytes of free buffers pooled right now.
     pub(crate) fn free_bytes(&self) -> usize {
         self.lock().bytes
     }
 
     /// A unit whose buffer holds `len` bytes is alive.
     fn lend(&self, len: usize) {
-        if Self::keeps(len) {
+        if Self::pools(len) {
             let mut free = self.lock();
             free.out += len;
             free.peak_out = free.peak_out.max(free.out);
@@ -141,19 +141,19 @@ impl GatherPool {
         }
     }
 
-    /// Whether buffers of `len` bytes are kept. Not empty ones, and not results of
-    /// [`HUGE_PAGE_RESULT_BYTES`] or more: keeping one (the tied embedding's 147 MiB at GPT-2
+    /// Whether buffers of `len` bytes are pooled. Not empty ones, and not results of
+    /// [`HUGE_PAGE_RESULT_BYTES`] or more: pooling one (the tied embedding's 147 MiB at GPT-2
     /// small) would hold it through the whole step.
-    fn keeps(len: usize) -> bool {
+    fn pools(len: usize) -> bool {
         len > 0 && len < HUGE_PAGE_RESULT_BYTES
     }
 
-    /// A unit's tensors are all dropped: its buffer is kept for the next gather of its size,
+    /// A unit's tensors are all dropped: its buffer is pooled for the next gather of its size,
     /// or freed.
     fn give_back(&self, buffer: SharedBuffer) {
         let mut free = self.lock();
         let len = buffer.capacity();
-        if !Self::keeps(len) {
+        if !Self::pools(len) {
             return;
         }
         free.out -= len;
@@ -174,9 +174,9 @@ impl GatherPool {
     }
 }
 
-/// One gather's result, shared by its parameters' tensors; back to the pool when the last is
-/// dropped.
-struct Unit {
+/// The buffer of one unit's gather, shared by its parameters' tensors ([`PartOfUnit`]); back
+/// to the pool when the last is dropped.
+struct UnitBuffer {
     /// Taken only on drop, so nothing else holds a reference into it while the parts write
     /// their ranges through `start`.
     buffer: Option<SharedBuffer>,
@@ -186,11 +186,11 @@ struct Unit {
     pool: Arc<GatherPool>,
 }
 
-// SAFETY: `Unit` owns its buffer; the parts touch disjoint ranges of it through `start`.
-unsafe impl Send for Unit {}
-unsafe impl Sync for Unit {}
+// SAFETY: `UnitBuffer` owns its buffer; the parts touch disjoint ranges of it through `start`.
+unsafe impl Send for UnitBuffer {}
+unsafe impl Sync for UnitBuffer {}
 
-impl Drop for Unit {
+impl Drop for UnitBuffer {
     fn drop(&mut self) {
         if let Some(buffer) = self.buffer.take() {
             self.pool.give_back(buffer);
@@ -209,7 +209,7 @@ pub(crate) fn split(
     let len = buffer.as_bytes().len();
     pool.lend(buffer.capacity());
     let start = NonNull::new(buffer.as_bytes_mut().as_mut_ptr()).expect("a slice is not null");
-    let unit = Arc::new(Unit {
+    let unit = Arc::new(UnitBuffer {
         buffer: Some(buffer),
         start,
         len,
@@ -232,7 +232,7 @@ pub(crate) fn split(
 
 /// One parameter's bytes inside its unit's buffer.
 struct PartOfUnit {
-    unit: Arc<Unit>,
+    unit: Arc<UnitBuffer>,
     range: Range<usize>,
 }
 
@@ -313,7 +313,9 @@ mod tests {
         assert_eq!(pool.free_bytes(), 0, "a part is still alive");
         drop(last);
         assert_eq!(pool.free_bytes(), 48);
-        let again = pool.take(48).expect("kept for the next gather of 48 bytes");
+        let again = pool
+            .take(48)
+            .expect("pooled for the next gather of 48 bytes");
         assert_eq!(
             again.as_bytes().as_ptr(),
             address,
@@ -358,7 +360,7 @@ mod tests {
     }
 
     #[test]
-    fn the_cap_is_the_most_units_held_alive_in_a_step_and_huge_results_are_not_kept() {
+    fn the_cap_is_the_most_units_held_alive_in_a_step_and_huge_results_are_not_pooled() {
         let pool = Arc::new(GatherPool::default());
         // Only the cap bounds here (the free buffers' own bound has its test).
         pool.lock().largest = usize::MAX;
@@ -366,7 +368,7 @@ mod tests {
         assert_eq!(
             pool.free_bytes(),
             0,
-            "nothing is kept before a step has ended"
+            "nothing is pooled before a step has ended"
         );
         let first = whole(32, &pool);
         let second = whole(24, &pool);
@@ -391,7 +393,7 @@ mod tests {
 
     /// The free buffers hold at most one buffer's worth of the largest lent, so that the pool
     /// holds little shared memory through the step's highest moment; the buffer given back
-    /// last is the one kept.
+    /// last is the one pooled.
     #[test]
     fn free_buffers_hold_at_most_the_largest_buffer_lent_and_the_newest_stays() {
         let pool = Arc::new(GatherPool::default());

@@ -9,7 +9,7 @@ use std::time::Instant;
 use burn_dist_comm::{CommError, DType, HostBuffer, Pending, SharedBuffer};
 
 use super::ParamShards;
-use super::schedule::{BACKWARD_END, Phase, PrefetchConfig, Scheduler, Serve, Unit};
+use super::schedule::{BACKWARD_END, Phase, PrefetchConfig, Scheduler, Serve, UnitSpan};
 
 /// Gathers issued in this process so far: the next [`UnitGather`]'s id.
 static GATHERS: AtomicU64 = AtomicU64::new(0);
@@ -71,7 +71,8 @@ impl ParamShards {
     }
 
     /// Sets how far ahead gathers go from the next use on, on every rank alike
-    /// ([`PrefetchConfig::OFF`]: each parameter gathered on demand, alone, and no schedule kept).
+    /// ([`PrefetchConfig::OFF`]: each parameter gathered on demand, alone, and the schedules
+    /// forgotten).
     pub fn set_prefetch(&self, window: PrefetchConfig) {
         let dropped = self.scheduler().set_window(window);
         self.discard(dropped);
@@ -167,7 +168,7 @@ impl ParamShards {
                     // Parameters of the unit that no use took are no longer held.
                     self.discard([gather]);
                 } else {
-                    scheduler.keep_front(unit_index, gather);
+                    scheduler.push_front(unit_index, gather);
                 }
                 Fetched::Part { part, keep }
             }
@@ -181,7 +182,7 @@ impl ParamShards {
         Ok(fetched)
     }
 
-    fn unit_bytes(&self, unit: &Unit) -> usize {
+    fn unit_bytes(&self, unit: &UnitSpan) -> usize {
         unit.params.clone().map(|i| self.params[i].bytes()).sum()
     }
 
@@ -189,7 +190,7 @@ impl ParamShards {
     /// next to each other in its shard, so the result is the parameters' values one after
     /// the other. Tagged with the first parameter. On the communicator's gather lane, so that
     /// it never waits behind a gradient reduction issued before it.
-    fn issue(&self, unit: &Unit) -> UnitGather {
+    fn issue(&self, unit: &UnitSpan) -> UnitGather {
         let params = unit.params.clone();
         let tag = u32::try_from(params.start + 1).expect("fewer than 2^32 parameters");
         let remaining = self.unit_bytes(unit);
@@ -251,7 +252,7 @@ impl ParamShards {
 
     /// Parameter `index` alone, on demand.
     pub(super) fn gather_alone(&self, index: usize) -> Result<Part, CommError> {
-        let mut gather = self.issue(&Unit {
+        let mut gather = self.issue(&UnitSpan {
             positions: 0..1,
             params: index..index + 1,
         });

@@ -48,7 +48,7 @@ where
     X: Backend,
     B: AutodiffBackend<InnerBackend = DistributedBackend<X, Sharded>>,
 {
-    shards.keep_own_mapper(index, Box::new(own.clone()));
+    shards.store_own_mapper(index, Box::new(own.clone()));
     // Weak: the model's parameters hold the mappers, and the shards must not outlive the last
     // handle because of them (a model prepared again would keep the old pieces alive).
     let (save_shards, load_shards) = (Arc::downgrade(shards), Arc::downgrade(shards));
@@ -162,7 +162,7 @@ where
 }
 
 /// The mapper a parameter had before it was sharded, if `tensor` is a handle of an earlier
-/// preparation that kept it: preparing the model again must wrap that one, not the record
+/// preparation that stored it: preparing the model again must wrap that one, not the record
 /// hooks of the earlier preparation.
 pub(super) fn own_mapper<X, B, const D: usize>(
     tensor: &Float<B, D>,
@@ -172,20 +172,21 @@ where
     B: AutodiffBackend<InnerBackend = DistributedBackend<X, Sharded>>,
 {
     let handle = handle_of::<X, B, D>(tensor)?;
-    let kept = handle
+    let mappers = handle
         .shards()
         .own_mappers
         .lock()
         .unwrap_or_else(|e| e.into_inner());
-    kept.get(handle.index())?
+    mappers
+        .get(handle.index())?
         .as_ref()?
         .downcast_ref::<ParamMapper<Float<B, D>>>()
         .cloned()
 }
 
 impl ParamShards {
-    fn keep_own_mapper(&self, index: usize, mapper: Box<dyn Any + Send + Sync>) {
-        let mut kept = self.own_mappers.lock().unwrap_or_else(|e| e.into_inner());
-        kept[index] = Some(mapper);
+    fn store_own_mapper(&self, index: usize, mapper: Box<dyn Any + Send + Sync>) {
+        let mut mappers = self.own_mappers.lock().unwrap_or_else(|e| e.into_inner());
+        mappers[index] = Some(mapper);
     }
 }

@@ -11,7 +11,7 @@
 //! - A round that follows a plan gathers its *units* (runs of the plan whose parameters lie
 //!   together in the flat layout: a layer's weight and bias in forward, its weights in reverse
 //!   in backward, with the few bytes between them that backward does not use; one gather of
-//!   at most [`PrefetchConfig::unit_bytes`]) ahead of use, keeping at most
+//!   at most [`PrefetchConfig::unit_bytes`]) ahead of use, with at most
 //!   [`PrefetchConfig::gathers`] units and [`PrefetchConfig::bytes`] in flight beyond the one being used.
 //! - A use of a parameter used earlier in the round, with no backward's end between the two,
 //!   gathers nothing when the earlier use's tensor could be kept for it: always for the use
@@ -61,7 +61,7 @@ pub struct PrefetchConfig {
     #[config(default = 200000000)]
     pub bytes: usize,
     /// The most one gather of adjacent parameters used one after the other holds; a larger
-    /// parameter is gathered alone. It bounds what one unit keeps live, as a module does
+    /// parameter is gathered alone. It bounds what one unit holds live, as a module does
     /// under FSDP. 25 MiB: DDP's bucket, so that a gather moves about what a gradient
     /// bucket's reduction moves.
     #[config(default = 26214400)]
@@ -115,11 +115,11 @@ pub(crate) const BACKWARD_END: usize = usize::MAX;
 /// [`PrefetchConfig::unit_bytes`], 1/16: a layer's biases between the weights backward uses.
 const UNUSED_SHARE: usize = 16;
 
-/// Parameters gathered as one: plan positions `positions`, which use parameters of `params`
-/// (consecutive in the flat layout; each used at most once, in any order, and some perhaps
-/// not at all).
+/// The span of one unit, the parameters gathered as one: plan positions `positions`, which
+/// use parameters of `params` (consecutive in the flat layout; each used at most once, in any
+/// order, and some perhaps not at all).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Unit {
+pub(crate) struct UnitSpan {
     pub positions: Range<usize>,
     pub params: Range<usize>,
 }
@@ -138,7 +138,7 @@ struct Plan {
     keep: Vec<bool>,
     /// Positions of the first use after each backward's end, ascending.
     fences: Vec<usize>,
-    units: Vec<Unit>,
+    units: Vec<UnitSpan>,
     /// The unit of each position.
     unit_of: Vec<usize>,
 }
@@ -171,7 +171,7 @@ impl Plan {
         }
         let largest = order.iter().map(|&i| bytes(i)).max().unwrap_or(0);
         let (keep, kept) = Self::reuses(&order, &fences, &bytes, reuse_bytes.unwrap_or(largest));
-        let mut units: Vec<Unit> = Vec::new();
+        let mut units: Vec<UnitSpan> = Vec::new();
         let mut unit_of = Vec::with_capacity(order.len());
         // The last unit's served parameters.
         let mut served: Vec<usize> = Vec::new();
@@ -205,7 +205,7 @@ impl Plan {
                     unit.params = grown;
                 }
                 None => {
-                    units.push(Unit {
+                    units.push(UnitSpan {
                         positions: p..p + 1,
                         params: index..index + 1,
                     });
@@ -319,9 +319,10 @@ pub(crate) enum Serve {
         last: bool,
         keep: bool,
     },
-    /// By gathering `unit` now; keep it at the front when not `last`.
+    /// By gathering `unit` now; pushed to the front ([`Scheduler::push_front`]) when not
+    /// `last`, to serve the unit's later uses.
     Demand {
-        unit: Unit,
+        unit: UnitSpan,
         unit_index: usize,
         offset: usize,
         last: bool,
@@ -336,7 +337,8 @@ pub(crate) enum Serve {
 
 /// What [`Scheduler::on_use`] decided: how to serve, gathers issued ahead that are no
 /// longer wanted (to be waited for and dropped by the caller), and whether the tensors kept
-/// for later uses are no longer wanted (`forget_kept`: the plan broke, or the phase changed).
+/// for later uses are no longer wanted (`forget_kept`: the plan broke, or the phase changed;
+/// the same use on every rank, which drops them there: `ParamShards::drop_kept`).
 pub(crate) struct Decision<T> {
     pub serve: Serve,
     pub dropped: Vec<T>,
@@ -490,8 +492,9 @@ impl<T> Scheduler<T> {
         self.ahead.pop_front().map(|(_, gather)| gather)
     }
 
-    /// A unit gathered on demand whose later uses are still to come: it serves them.
-    pub fn keep_front(&mut self, unit_index: usize, gather: T) {
+    /// A unit gathered on demand whose later uses are still to come: it becomes the front, and
+    /// serves them as a gather ahead would.
+    pub fn push_front(&mut self, unit_index: usize, gather: T) {
         self.ahead.push_front((unit_index, gather));
     }
 
@@ -501,8 +504,8 @@ impl<T> Scheduler<T> {
     pub fn plan_ahead(
         &mut self,
         bytes_ahead: impl Fn(&T) -> usize,
-        unit_bytes: impl Fn(&Unit) -> usize,
-    ) -> Vec<(usize, Unit)> {
+        unit_bytes: impl Fn(&UnitSpan) -> usize,
+    ) -> Vec<(usize, UnitSpan)> {
         let Some(phase) = self.current else {
             return Vec::new();
         };
@@ -542,7 +545,7 @@ impl<T> Scheduler<T> {
     }
 
     /// The optimizer step: every round ends. Returns the finished rounds' orders that are to
-    /// become plans (`None` for a phase that keeps its plan), which every rank must agree on,
+    /// become plans (`None` for a phase whose plan stands), which every rank must agree on,
     /// and the gathers still ahead (none when the rounds followed their plans).
     pub fn end_step(&mut self) -> ([Option<Vec<usize>>; 2], Vec<T>) {
         let dropped = self.drop_ahead();
@@ -622,7 +625,7 @@ mod tests {
                 unit_index, last, ..
             } => {
                 if !last {
-                    scheduler.keep_front(unit_index, unit_index);
+                    scheduler.push_front(unit_index, unit_index);
                 }
                 Some(unit_index)
             }

@@ -72,10 +72,10 @@ pub struct ShardStats {
     /// Time ops waited for gathers to arrive, since the start, in nanoseconds.
     pub wait_nanos: u64,
     /// Host gathers written into a buffer an earlier gather of the same size left, instead of
-    /// fresh memory, since the start (the pool keeps at most the previous step's peak of
+    /// fresh memory, since the start (the pool holds at most the previous step's peak of
     /// gathered bytes).
     pub reused_buffers: u64,
-    /// Bytes of such buffers kept free for the next gathers right now.
+    /// Bytes of such buffers pooled, free for the next gathers, right now.
     pub pooled_bytes: usize,
     /// Uses served by the tensor that an earlier use of the same round made of the same
     /// parameter and kept, with no gather (a tied embedding's first use in forward, kept for
@@ -409,7 +409,8 @@ impl ParamShards {
                     return self.keep_or_hold::<B>(index, tensor, keep, counted);
                 }
                 // Dropped since the use that kept it, because the pieces changed or an
-                // evaluation came between: every rank dropped it alike, and gathers it again.
+                // evaluation came between: every rank dropped it alike (`drop_kept` says why
+                // they must), and gathers it again.
                 None => {
                     let part = self.gather_alone(index);
                     (
@@ -522,6 +523,22 @@ impl ParamShards {
 
     /// Drops the tensors kept for later uses (their uses did not come, the step ended, or the
     /// pieces changed).
+    ///
+    /// **Every rank drops its kept tensors at the same points**, and this is the one function
+    /// that drops them all: at the step's end ([`ParamShards::end_step`]), when the schedule says
+    /// so (`Decision::forget_kept` in [`ParamShards::fetch`]: a change of phase, or a use off
+    /// the plan), when the pieces change ([`ParamShards::forget_ahead`]) and when the window
+    /// does ([`ParamShards::set_prefetch`], set on every rank alike). Each is the same point of
+    /// the same program, or of the same agreed schedule, on every rank; a call anywhere else,
+    /// or on some ranks only, breaks the rule.
+    ///
+    /// Why the ranks must agree: a use whose tensor is still kept gathers nothing, while a use
+    /// whose tensor was dropped gathers it again, alone (the `None` branch of
+    /// [`ParamShards::gather`]), and a gather is a collective. A rank that still held the
+    /// tensor would skip the all-gather its peers issue: they would wait for it until the
+    /// collective timeout, or meet its next gather under another tag. (`keep` also drops a
+    /// parameter's earlier kept tensor when it keeps a new one, which the schedule, the same on
+    /// every rank, decides.)
     pub(super) fn drop_kept(&self) {
         let kept = std::mem::take(&mut *self.kept());
         for kept in kept {
@@ -663,7 +680,7 @@ impl ParamShards {
         stats.uses = 0;
         stats.last_step_peak_bytes = stats.peak_live_bytes;
         stats.peak_live_bytes = stats.live_bytes;
-        // From the second step on, the pool keeps what the gathers held at most in a step.
+        // From the second step on, the pool holds what the gathers held at most in a step.
         self.pool.end_step();
         ended
     }
