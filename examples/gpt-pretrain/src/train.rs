@@ -757,7 +757,7 @@ fn log_line(r: &StepRecord, steps: u64, tokens_per_s: f64, mfu: Option<f64>) -> 
     if let Some(shards) = &r.shards {
         line += &format!(
             " | shard {:.1} MiB, gathered {:.1} MiB at most, {:.2} s waiting for gathers, \
-             {} into kept buffers, {} read in place, shared buffers {:.1} MiB ({:.1} at most)",
+             {} into pooled buffers, {} read in place, shared buffers {:.1} MiB ({:.1} at most)",
             shards.shard_mib,
             shards.gathered_peak_mib,
             shards.gather_wait_s,
