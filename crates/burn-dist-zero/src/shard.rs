@@ -709,7 +709,10 @@ impl Shard {
         let new_schedules = self.shards.as_ref().map_or(0, |s| s.new_schedules());
         let mut mine = sum_sq.to_le_bytes().to_vec();
         mine.extend_from_slice(&[u8::from(found_inf), new_schedules]);
+        // Where the later parts lie, from what came before them.
+        let note_at = mine.len();
         mine.extend_from_slice(&replaced.note());
+        let uses_at = mine.len();
         if let Some((digest, count)) = uses {
             mine.extend_from_slice(&digest.to_le_bytes());
             mine.extend_from_slice(&count.to_le_bytes());
@@ -727,12 +730,14 @@ impl Shard {
             any_inf |= rank[8] != 0;
         }
         if uses.is_some() {
-            let count = |rank: &[u8]| u64::from_le_bytes(rank[24..32].try_into().expect("8 bytes"));
+            // The digest and the count of uses end each rank's part.
+            let count =
+                |rank: &[u8]| u64::from_le_bytes(rank[uses_at + 8..].try_into().expect("8 bytes"));
             let rank0 = &all[..per_rank];
             if let Some((rank, other)) = all
                 .chunks_exact(per_rank)
                 .enumerate()
-                .find(|(_, other)| other[16..32] != rank0[16..32])
+                .find(|(_, other)| other[uses_at..] != rank0[uses_at..])
             {
                 return Err(ZeroError::Dist(DistError::UseSequence {
                     rank,
@@ -744,7 +749,7 @@ impl Shard {
         // Which parameters each rank found replaced since the last step (`crate::loaded`).
         replaced.check_agreed(
             all.chunks_exact(per_rank)
-                .map(|rank| &rank[NOTE_AT..NOTE_AT + NOTE_LEN]),
+                .map(|rank| &rank[note_at..note_at + NOTE_LEN]),
             &self.params,
         )?;
         if let Some(shards) = &self.shards {
@@ -757,10 +762,6 @@ impl Shard {
         Ok((any_inf || !(total as f32).is_finite(), total))
     }
 }
-
-/// Where [`Replaced::note`] lies in a rank's part of the step's agreement: after the sum of
-/// squares (8 bytes), found-inf and the new schedules (a byte each).
-const NOTE_AT: usize = 10;
 
 /// Stage 3's sharded model (`Ddp::prepare_sharded`), and a check that the stage and the model
 /// go together: stage 3 needs the sharded model, and stages 1 and 2 would replace its
