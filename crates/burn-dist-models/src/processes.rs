@@ -272,11 +272,9 @@ pub fn run_this_test_as_ranks(
     quiet: Duration,
 ) -> Vec<(ExitStatus, Vec<String>)> {
     let store = test_store(world, config);
-    let exe = std::env::current_exe().expect("this test binary");
     let mut children: Vec<Child> = (0..world)
         .map(|rank| {
-            std::process::Command::new(&exe)
-                .args(["--exact", test, "--nocapture", "--test-threads", "1"])
+            this_test_again(test)
                 .env(TEST_RANK_VAR, rank.to_string())
                 .env(TEST_WORLD_VAR, world.to_string())
                 .env(TEST_STORE_VAR, store.local_addr().to_string())
@@ -290,6 +288,15 @@ pub fn run_this_test_as_ranks(
     let ended = watch_all(&mut children, quiet, |_, _| false);
     drop(store);
     ended
+}
+
+/// A command that runs test `test` (its full path) of this test binary again, alone, in a
+/// child process: `--exact`, its output not captured, one test thread.
+pub fn this_test_again(test: &str) -> std::process::Command {
+    let mut command =
+        std::process::Command::new(std::env::current_exe().expect("this test binary"));
+    command.args(["--exact", test, "--nocapture", "--test-threads", "1"]);
+    command
 }
 
 /// In a child of [`run_this_test_as_ranks`]: its rank and its communicator, joined with

@@ -181,12 +181,11 @@ mod tests {
         if std::env::var_os(CHILD).is_some() {
             return body();
         }
-        let output = std::process::Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", &format!("memory::tests::{test}"), "--nocapture"])
-            .args(["--test-threads", "1"])
-            .env(CHILD, "1")
-            .output()
-            .expect("the test binary runs again");
+        let output =
+            burn_dist_models::processes::this_test_again(&format!("memory::tests::{test}"))
+                .env(CHILD, "1")
+                .output()
+                .expect("the test binary runs again");
         let text = String::from_utf8_lossy(&output.stdout).into_owned()
             + &String::from_utf8_lossy(&output.stderr);
         assert!(
