@@ -42,14 +42,9 @@ pub trait Mode<B: Backend>:
     /// A shape operation: `B`'s on a local tensor, recorded on a handle (never a gather).
     fn view(tensor: Self::Float, view: View) -> Self::Float;
 
-    /// `B`'s `op` on a local tensor; a handle unchanged (detach on the inner backend, which does
-    /// not track gradients). The decorator's `float_detach` is its one caller: "keep" here is
-    /// a handle kept as it is, not the sharded mode's kept tensors (a gathered tensor held from
-    /// one use of a parameter for its next), which are internal.
-    fn keep(
-        tensor: Self::Float,
-        op: impl FnOnce(B::FloatTensorPrimitive) -> B::FloatTensorPrimitive,
-    ) -> Self::Float;
+    /// `B`'s `float_detach` on a local tensor; a handle unchanged (the inner backend tracks no
+    /// gradients, so there is nothing to detach it from).
+    fn detach(tensor: Self::Float) -> Self::Float;
 
     /// The tensor on `device` (a handle moves without gathering).
     fn to_device(tensor: Self::Float, device: &B::Device) -> Self::Float;
@@ -111,11 +106,8 @@ impl<B: Backend> Mode<B> for Replicated {
     }
 
     #[inline(always)]
-    fn keep(
-        tensor: Self::Float,
-        op: impl FnOnce(B::FloatTensorPrimitive) -> B::FloatTensorPrimitive,
-    ) -> Self::Float {
-        op(tensor)
+    fn detach(tensor: Self::Float) -> Self::Float {
+        B::float_detach(tensor)
     }
 
     #[inline(always)]

@@ -9,10 +9,11 @@
 //! with this rank's shard of the canonical flat layout, [`FlatLayout`](crate::FlatLayout)).
 //! Every other float tensor is a local tensor of `B` ([`ShardedFloat::Local`]).
 //!
-//! - **An op that receives a handle gathers it** (`ParamShards::gather`: one uneven all-gather
-//!   of the pieces, tagged with the parameter), replays the handle's views, calls `B`'s op, and
-//!   the full copy is dropped when the op returns (`frame.rs` counts it as live until then).
-//! - **From the second step on the gathers run ahead** (`schedule.rs` decides, `prefetch.rs`
+//! - **An op that receives a handle gathers it** (`ParamShards::gather`, then `gathers.rs`:
+//!   one uneven all-gather of the pieces, tagged with the parameter), replays the handle's
+//!   views, calls `B`'s op, and the full copy is dropped when the op returns (`frame.rs`
+//!   counts it as live until then).
+//! - **From the second step on the gathers run ahead** (`schedule.rs` decides, `gathers.rs`
 //!   gathers): the first step records the order of the uses, every rank agrees on it at the
 //!   optimizer step, and later steps gather the next units of adjacent parameters (a layer's
 //!   weight and bias) while the current op runs, within [`PrefetchConfig`]'s window.
@@ -36,10 +37,15 @@
 //! every use is hashed, with its phase and how it was served, into a digest the optimizer step
 //! compares across ranks (`DistError::UseSequence`).
 
+mod agreement;
+mod check;
 mod frame;
+mod gathers;
 mod handle;
+mod kept;
+mod ledger;
+mod piece_store;
 mod pool;
-mod prefetch;
 mod prepare;
 mod record;
 mod schedule;
@@ -50,9 +56,10 @@ use core::fmt;
 use burn_backend::{Backend, DType, Shape, TensorMetadata};
 
 pub use handle::ParamHandle;
+pub use ledger::ShardStats;
 pub use prepare::SHARD_ALIGN;
 pub use schedule::{Phase, PrefetchConfig};
-pub use shards::{Holding, ParamShards, ShardStats, ShardedParamInfo};
+pub use shards::{Holding, ParamShards, ShardedParamInfo};
 
 use crate::backend::{Mode, View};
 
@@ -139,13 +146,10 @@ impl<B: Backend> Mode<B> for Sharded {
         }
     }
 
-    // A detach (`float_detach`): a handle passes as it is. Not the kept tensors of `shards.rs`.
-    fn keep(
-        tensor: Self::Float,
-        op: impl FnOnce(B::FloatTensorPrimitive) -> B::FloatTensorPrimitive,
-    ) -> Self::Float {
+    // A handle passes as it is: nothing to detach on the inner backend.
+    fn detach(tensor: Self::Float) -> Self::Float {
         match tensor {
-            ShardedFloat::Local(tensor) => ShardedFloat::Local(op(tensor)),
+            ShardedFloat::Local(tensor) => ShardedFloat::Local(B::float_detach(tensor)),
             param @ ShardedFloat::Param(_) => param,
         }
     }

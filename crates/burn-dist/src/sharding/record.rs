@@ -21,7 +21,7 @@
 //!   no rank ever had, and nothing would see it (a load communicates nothing).
 
 use std::any::Any;
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use burn::module::{Param, ParamMapper};
 use burn::tensor::backend::{AutodiffBackend, Backend};
@@ -48,7 +48,7 @@ where
     X: Backend,
     B: AutodiffBackend<InnerBackend = DistributedBackend<X, Sharded>>,
 {
-    shards.store_own_mapper(index, Box::new(own.clone()));
+    shards.own_mappers.store(index, own.clone());
     // Weak: the model's parameters hold the mappers, and the shards must not outlive the last
     // handle because of them (a model prepared again would keep the old pieces alive).
     let (save_shards, load_shards) = (Arc::downgrade(shards), Arc::downgrade(shards));
@@ -172,21 +172,37 @@ where
     B: AutodiffBackend<InnerBackend = DistributedBackend<X, Sharded>>,
 {
     let handle = handle_of::<X, B, D>(tensor)?;
-    let mappers = handle
-        .shards()
-        .own_mappers
-        .lock()
-        .unwrap_or_else(|e| e.into_inner());
-    mappers
-        .get(handle.index())?
-        .as_ref()?
-        .downcast_ref::<ParamMapper<Float<B, D>>>()
-        .cloned()
+    handle.shards().own_mappers.get(handle.index())
 }
 
-impl ParamShards {
-    fn store_own_mapper(&self, index: usize, mapper: Box<dyn Any + Send + Sync>) {
-        let mut mappers = self.own_mappers.lock().unwrap_or_else(|e| e.into_inner());
-        mappers[index] = Some(mapper);
+/// Each sharded parameter's `ParamMapper` from before it was sharded, which the record hooks
+/// run inside theirs (`ParamMapper<Tensor<B, D>>`, behind `dyn Any`: `ParamShards` is not
+/// generic over the backend).
+pub(super) struct OwnMappers {
+    mappers: Mutex<Vec<Option<Box<dyn Any + Send + Sync>>>>,
+}
+
+impl OwnMappers {
+    pub(super) fn new(count: usize) -> Self {
+        OwnMappers {
+            mappers: Mutex::new((0..count).map(|_| None).collect()),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Vec<Option<Box<dyn Any + Send + Sync>>>> {
+        // Nothing panics while holding it.
+        self.mappers.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn store<T: Any + Send + Sync>(&self, index: usize, mapper: T) {
+        self.lock()[index] = Some(Box::new(mapper));
+    }
+
+    fn get<T: Any + Clone>(&self, index: usize) -> Option<T> {
+        self.lock()
+            .get(index)?
+            .as_ref()?
+            .downcast_ref::<T>()
+            .cloned()
     }
 }

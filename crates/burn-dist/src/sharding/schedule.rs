@@ -338,7 +338,7 @@ pub(crate) enum Serve {
 /// What [`Scheduler::on_use`] decided: how to serve, gathers issued ahead that are no
 /// longer wanted (to be waited for and dropped by the caller), and whether the tensors kept
 /// for later uses are no longer wanted (`forget_kept`: the plan broke, or the phase changed;
-/// the same use on every rank, which drops them there: `ParamShards::drop_kept`).
+/// the same use on every rank, which drops them there: `KeptTensors::drop_all`, `kept.rs`).
 pub(crate) struct Decision<T> {
     pub serve: Serve,
     pub dropped: Vec<T>,

@@ -1,20 +1,27 @@
-//! One rank's pieces of the sharded parameters, the gather, and what they cost (counted).
+//! [`ParamShards`]: one rank's sharded parameters, what every parameter handle of its model
+//! refers to. It holds one part per job and adds only what joins them:
+//! - `piece_store.rs`: this rank's pieces, and every write into them;
+//! - `gathers.rs`: the gather path (schedule, unit gathers, pooled buffers, kept tensors);
+//! - `ledger.rs`: what the uses cost, their digest, and the first failure;
+//! - `agreement.rs`: how the ranks agree on the schedules at the optimizer step;
+//! - `check.rs`: that the model still holds its shards;
+//! - `record.rs`: the parameters' own record mappers, around which the record hooks run.
 
 use std::any::Any;
-use std::ops::Range;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::sync::Arc;
 
-use burn::module::{Module, ModuleVisitor, Param, ParamId};
+use burn::module::{Module, ParamId};
+use burn::tensor::TensorData;
 use burn::tensor::backend::AutodiffBackend;
-use burn::tensor::{Tensor, TensorData};
 use burn_backend::{Backend, DType};
-use burn_dist_comm::{CommError, HostCommunicator};
+use burn_dist_comm::{CommError, Communicator, HostCommunicator};
 
 use super::frame::{self, Use};
-use super::pool::GatherPool;
-use super::prefetch::{Fetched, Part, UnitGather};
-use super::schedule::{Phase, PrefetchConfig, Scheduler};
+use super::gathers::{Fetched, Gathers};
+use super::ledger::{ShardStats, UseLedger};
+use super::piece_store::PieceStore;
+use super::record::OwnMappers;
+use super::schedule::{BACKWARD_END, Phase, PrefetchConfig};
 use crate::error::{DistError, Result};
 use crate::flat::FlatLayout;
 
@@ -39,63 +46,6 @@ impl ShardedParamInfo {
     /// Bytes of the whole parameter in its dtype.
     pub fn bytes(&self) -> usize {
         self.numel() * self.dtype.size()
-    }
-}
-
-/// What sharding costs and holds on one rank (counted, not estimated).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct ShardStats {
-    /// Bytes of the pieces this rank holds, in the parameters' dtype.
-    pub shard_bytes: usize,
-    /// Gathers made for ops since the start, and their bytes (whole parameters).
-    pub gathers: u64,
-    pub gathered_bytes: u64,
-    /// Bytes of gathered parameters held right now by running ops.
-    pub live_bytes: usize,
-    /// The most `live_bytes` held at once since the current step began.
-    pub peak_live_bytes: usize,
-    /// The same for the last finished step (`ParamShards::end_step`).
-    pub last_step_peak_bytes: usize,
-    /// Parameters materialized outside any op (read to the host, met in a gradient hook):
-    /// zero in a training loop.
-    pub reads: u64,
-    /// Uses (gathers and reads) since the current step began, hashed into the step's digest.
-    pub uses: u64,
-    /// Gathers issued ahead of their use by the schedule (each of one unit of adjacent
-    /// parameters), since the start.
-    pub prefetched: u64,
-    /// Uses the schedule did not expect (each makes its round gather on demand and be recorded
-    /// again), since the start.
-    pub off_schedule: u64,
-    /// Schedules agreed and adopted, since the start (one per phase at the first step).
-    pub schedules: u64,
-    /// Time ops waited for gathers to arrive, since the start, in nanoseconds.
-    pub wait_nanos: u64,
-    /// Host gathers written into a buffer an earlier gather of the same size left, instead of
-    /// fresh memory, since the start (the pool holds at most the previous step's peak of
-    /// gathered bytes).
-    pub reused_buffers: u64,
-    /// Bytes of such buffers pooled, free for the next gathers, right now.
-    pub pooled_bytes: usize,
-    /// Uses served by the tensor that an earlier use of the same round made of the same
-    /// parameter and kept, with no gather (a tied embedding's first use in forward, kept for
-    /// the LM head at its end, and the head's first use in backward), since the start.
-    pub served_again: u64,
-    /// Host gathers that read the peers' pieces straight out of their shared buffers (every
-    /// rank on this host, linked through shared memory), since the start; the others went
-    /// through the links.
-    pub gathered_in_place: u64,
-    /// Bytes gathered that no use took, since the start: parameters a unit carries between
-    /// those its uses need (a bias between two weights backward needs), and gathers ahead that
-    /// a use off the schedule dropped. Gathers moved these on top of `gathered_bytes`.
-    pub unused_bytes: u64,
-}
-
-impl ShardStats {
-    /// `bytes` of gathered parameters more are held (by an op, or gathered ahead).
-    pub(super) fn hold(&mut self, bytes: usize) {
-        self.live_bytes += bytes;
-        self.peak_live_bytes = self.peak_live_bytes.max(self.live_bytes);
     }
 }
 
@@ -127,77 +77,14 @@ pub(crate) type Probe = Box<dyn Fn(&dyn Any) -> Option<Holding> + Send + Sync>;
 /// and writes them back in the parameters' dtype after every step; burn-dist-zero's
 /// checkpoints save the pieces.
 pub struct ParamShards {
-    pub(super) comm: Arc<HostCommunicator>,
-    layout: FlatLayout,
-    pub(super) params: Vec<ShardedParamInfo>,
-    /// Where each parameter's piece lies in this rank's shard (`None`: it holds none of it).
-    in_shard: Vec<Option<Range<usize>>>,
-    /// Which of the parameter's elements that piece holds (the device path's gathers place it).
-    #[cfg(feature = "device")]
-    within: Vec<Option<Range<usize>>>,
-    held: RwLock<Held>,
-    state: Mutex<State>,
-    /// The gather schedules and the gathers in flight ahead of their use.
-    pub(super) scheduler: Mutex<Scheduler<UnitGather>>,
+    comm: Arc<HostCommunicator>,
+    params: Arc<[ShardedParamInfo]>,
+    pieces: Arc<PieceStore>,
+    gathers: Gathers,
+    ledger: Arc<UseLedger>,
     probe: Probe,
-    /// Each parameter's `ParamMapper` from before it was sharded (`record.rs` wraps it).
-    pub(super) own_mappers: Mutex<Vec<Option<Box<dyn Any + Send + Sync>>>>,
-    /// The host gathers' buffers, reused from step to step (`pool.rs`).
-    pub(super) pool: Arc<GatherPool>,
-    /// Tensors that uses made, kept for their parameters' later uses when the schedule says so
-    /// ([`Fetched::Kept`]): at most one per parameter.
-    kept: Mutex<Vec<KeptTensor>>,
-    /// Per parameter: how many times values from outside the optimizer were written into its
-    /// pieces ([`ParamShards::set_piece`]: a record or a checkpoint loaded), so that an
-    /// optimizer with master weights of its own sees the load ([`ParamShards::loads`]).
-    loads: Vec<AtomicU64>,
+    pub(super) own_mappers: OwnMappers,
 }
-
-/// A backend's float primitive made for one use of parameter `index`, kept for a later one.
-struct KeptTensor {
-    /// Its parameter, whose bytes are counted live while it is kept.
-    index: usize,
-    /// `B::FloatTensorPrimitive` (`ParamShards` is not generic over the backend).
-    tensor: Box<dyn Any + Send>,
-}
-
-/// This rank's part of the sharded parameters.
-enum Held {
-    /// Every sharded parameter is f32: this rank's shard of the flat layout itself (padding
-    /// zero), which is also the stage-3 optimizer's master weights.
-    F32(Vec<f32>),
-    /// Each parameter's piece in its own dtype (empty where this rank holds none).
-    Pieces(Vec<Vec<u8>>),
-    /// The device path: this rank's shard in device memory, in the parameters' one dtype
-    /// (`crate::device::DevicePieces`); gathers fill fresh device buffers.
-    #[cfg(feature = "device")]
-    Device(Box<dyn crate::device::DevicePieces>),
-}
-
-#[derive(Default)]
-pub(super) struct State {
-    pub(super) stats: ShardStats,
-    /// FNV-1a over the indices of this step's uses.
-    digest: u64,
-    /// The first failed gather, returned by later calls that can return errors.
-    failure: Option<(usize, CommError)>,
-    /// Orders recorded at the last step's end, per phase, to be agreed on and adopted.
-    pub(super) candidates: [Option<Vec<usize>>; 2],
-}
-
-/// How a use was served, as the step's digest counts it.
-#[derive(Clone, Copy)]
-enum DigestedUse {
-    /// Gathered for an op.
-    Op = 0,
-    /// Gathered outside any op (a read).
-    Read = 1,
-    /// Served by the tensor an earlier use kept, with no gather.
-    Kept = 2,
-}
-
-const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
-const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
 
 impl ParamShards {
     /// `pieces`: this rank's piece of each parameter, in its dtype.
@@ -209,61 +96,27 @@ impl ParamShards {
         probe: Probe,
         prefetch: PrefetchConfig,
     ) -> Self {
-        use burn_dist_comm::Communicator;
+        comm.label_tags(params.iter().map(|p| p.name.clone()).collect());
         let shard_bytes = pieces.iter().map(Vec::len).sum();
         let count = params.len();
-        comm.label_tags(params.iter().map(|p| p.name.clone()).collect());
-        let mut in_shard = vec![None; params.len()];
-        #[cfg(feature = "device")]
-        let mut within = vec![None; params.len()];
-        for piece in layout.pieces(comm.rank()) {
-            in_shard[piece.param] = Some(piece.in_shard);
-            #[cfg(feature = "device")]
-            {
-                within[piece.param] = Some(piece.within);
-            }
-        }
-        let held = if params.iter().all(|p| p.dtype == DType::F32) {
-            let mut shard = vec![0.0f32; layout.shard_len];
-            for (range, piece) in in_shard.iter().zip(&pieces) {
-                if let Some(range) = range {
-                    // Bytes of no particular alignment: read element by element.
-                    let values = piece
-                        .chunks_exact(4)
-                        .map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes")));
-                    shard[range.clone()]
-                        .iter_mut()
-                        .zip(values)
-                        .for_each(|(s, v)| *s = v);
-                }
-            }
-            Held::F32(shard)
-        } else {
-            Held::Pieces(pieces)
-        };
+        let params: Arc<[ShardedParamInfo]> = params.into();
+        let pieces = Arc::new(PieceStore::new(params.clone(), layout, comm.rank(), pieces));
+        let ledger = Arc::new(UseLedger::new(shard_bytes));
+        let gathers = Gathers::new(
+            comm.clone(),
+            params.clone(),
+            pieces.clone(),
+            ledger.clone(),
+            prefetch,
+        );
         ParamShards {
             comm,
-            layout,
             params,
-            in_shard,
-            #[cfg(feature = "device")]
-            within,
-            held: RwLock::new(held),
-            state: Mutex::new(State {
-                stats: ShardStats {
-                    shard_bytes,
-                    ..ShardStats::default()
-                },
-                digest: FNV_OFFSET,
-                failure: None,
-                candidates: [None, None],
-            }),
-            scheduler: Mutex::new(Scheduler::new(prefetch)),
+            pieces,
+            gathers,
+            ledger,
             probe,
-            own_mappers: Mutex::new((0..count).map(|_| None).collect()),
-            pool: Arc::default(),
-            kept: Mutex::new(Vec::new()),
-            loads: (0..count).map(|_| AtomicU64::new(0)).collect(),
+            own_mappers: OwnMappers::new(count),
         }
     }
 
@@ -273,7 +126,7 @@ impl ParamShards {
     /// share one dtype there, as ZeroAdam's device step needs.
     #[cfg(feature = "device")]
     pub(crate) fn on_device(
-        mut self,
+        self,
         place: impl FnOnce(DType, &[u8]) -> Result<Box<dyn crate::device::DevicePieces>>,
     ) -> Result<Self> {
         let Some(first) = self.params.first() else {
@@ -286,23 +139,7 @@ impl ParamShards {
                 first.name, first.dtype, other.name, other.dtype
             )));
         }
-        let dtype = first.dtype;
-        let held = self.held.get_mut().unwrap_or_else(|e| e.into_inner());
-        let shard = match &*held {
-            Held::F32(shard) => bytemuck::cast_slice(shard).to_vec(),
-            Held::Pieces(pieces) => {
-                let elem = dtype.size();
-                let mut shard = vec![0u8; self.layout.shard_len * elem];
-                for (range, piece) in self.in_shard.iter().zip(pieces) {
-                    if let Some(range) = range {
-                        shard[range.start * elem..range.end * elem].copy_from_slice(piece);
-                    }
-                }
-                shard
-            }
-            Held::Device(_) => return Ok(self),
-        };
-        *held = Held::Device(place(dtype, &shard)?);
+        self.pieces.place_on_device(first.dtype, place)?;
         Ok(self)
     }
 
@@ -311,48 +148,19 @@ impl ParamShards {
     /// after); `None` on the host path.
     #[cfg(feature = "device")]
     pub fn device_shard(&self) -> Option<(burn_cubecl::cubecl::server::Handle, DType)> {
-        match &*self.held() {
-            Held::Device(pieces) => Some(pieces.shard()),
-            _ => None,
-        }
+        self.pieces.device_shard()
     }
 
     /// The pieces were changed in place on the device (ZeroAdam's stage-3 step there): what
     /// was gathered ahead from them is stale. Every rank calls it at the same point.
     pub fn pieces_changed(&self) {
-        self.forget_ahead();
-    }
-
-    /// The device path: issues the gather of parameters `params` (adjacent) into fresh device
-    /// buffers, tagged `tag`; `None` on the host path.
-    #[cfg(feature = "device")]
-    pub(super) fn issue_on_device(
-        &self,
-        params: Range<usize>,
-        tag: u32,
-    ) -> Option<std::result::Result<Box<dyn crate::device::DeviceGathering>, CommError>> {
-        let Held::Device(pieces) = &*self.held() else {
-            return None;
-        };
-        let parts: Vec<crate::device::GatherPart> = params
-            .map(|i| crate::device::GatherPart {
-                shape: self.params[i].shape.clone(),
-                counts: self.params[i].counts.clone(),
-                mine: self.in_shard[i].clone().zip(self.within[i].clone()),
-            })
-            .collect();
-        Some(pieces.issue(&parts, tag))
-    }
-
-    pub(super) fn state(&self) -> MutexGuard<'_, State> {
-        // Counters only: a panic while one was held leaves nothing half-written that matters.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.gathers.forget_ahead();
     }
 
     /// The canonical flat layout of the trainable parameters over this group: this rank's
     /// pieces are its shard of it.
     pub fn layout(&self) -> &FlatLayout {
-        &self.layout
+        self.pieces.layout()
     }
 
     /// The sharded parameters, in visit order (the reducer's order).
@@ -365,15 +173,13 @@ impl ParamShards {
     }
 
     pub fn rank(&self) -> usize {
-        use burn_dist_comm::Communicator;
         self.comm.rank()
     }
 
     pub fn stats(&self) -> ShardStats {
-        let mut stats = self.state().stats;
-        stats.off_schedule = self.scheduler().off_plan;
-        stats.reused_buffers = self.pool.reused();
-        stats.pooled_bytes = self.pool.free_bytes();
+        let mut stats = self.ledger.stats();
+        stats.off_schedule = self.gathers.off_schedule();
+        (stats.reused_buffers, stats.pooled_bytes) = self.gathers.pooled();
         stats.gathered_in_place = self.comm.gather_lane().direct_collectives();
         stats
     }
@@ -396,23 +202,24 @@ impl ParamShards {
         let counted = frame::counted_as(wanted);
         // Only ops follow the schedule: a read is no part of a step's order of uses.
         let fetched = match counted {
-            Use::Op => self.fetch(index, phase),
+            Use::Op => self.gathers.fetch(index, phase),
             Use::Read => self
-                .gather_alone(index)
+                .gathers
+                .alone(index)
                 .map(|part| Fetched::Part { part, keep: false }),
         };
         let (part, keep) = match fetched.unwrap_or_else(|source| self.failed(index, source)) {
-            Fetched::Kept { keep } => match self.take_kept::<B>(index) {
+            Fetched::Kept { keep } => match self.gathers.take_kept::<B>(index) {
                 Some(tensor) => {
                     // Its bytes are live since the use that kept it.
-                    self.count_again(index, phase);
+                    self.ledger.count_again(index, phase);
                     return self.keep_or_hold::<B>(index, tensor, keep, counted);
                 }
                 // Dropped since the use that kept it, because the pieces changed or an
-                // evaluation came between: every rank dropped it alike (`drop_kept` says why
+                // evaluation came between: every rank dropped it alike (`kept.rs` says why
                 // they must), and gathers it again.
                 None => {
-                    let part = self.gather_alone(index);
+                    let part = self.gathers.alone(index);
                     (
                         part.unwrap_or_else(|source| self.failed(index, source)),
                         keep,
@@ -421,8 +228,9 @@ impl ParamShards {
             },
             Fetched::Part { part, keep } => (part, keep),
         };
-        self.count(index, counted, phase);
-        let tensor = self.materialize::<B>(index, part, device);
+        let info = &self.params[index];
+        self.ledger.count(index, info.bytes(), counted, phase);
+        let tensor = part.into_tensor::<B>(info, device);
         self.keep_or_hold::<B>(index, tensor, keep, counted)
     }
 
@@ -437,7 +245,7 @@ impl ParamShards {
         counted: Use,
     ) -> B::FloatTensorPrimitive {
         if keep {
-            self.keep(index, Box::new(tensor.clone()));
+            self.gathers.keep::<B>(index, tensor.clone());
         } else if counted == Use::Op {
             frame::hold(self, self.params[index].bytes());
         }
@@ -447,113 +255,8 @@ impl ParamShards {
     /// A gather of parameter `index` failed: recorded as this rank's failure, and the op
     /// fails with it (ops cannot return errors: `error::fail_op`).
     fn failed(&self, index: usize, source: CommError) -> ! {
-        self.state().failure.get_or_insert((index, source.clone()));
+        self.ledger.fail(index, source.clone());
         crate::error::fail_op(self.gather_error(index, source))
-    }
-
-    /// The backend's tensor of parameter `index` from its gathered part.
-    fn materialize<B: Backend>(
-        &self,
-        index: usize,
-        part: Part,
-        device: &B::Device,
-    ) -> B::FloatTensorPrimitive {
-        let info = &self.params[index];
-        match part {
-            Part::Host(bytes) => {
-                let data = TensorData::from_bytes(bytes, info.shape.clone(), info.dtype);
-                B::float_from_data(data, device)
-            }
-            // The device store was built for the inner backend of this decorator: its
-            // primitives are `B`'s.
-            #[cfg(feature = "device")]
-            Part::Device(tensor) => {
-                *tensor
-                    .downcast::<B::FloatTensorPrimitive>()
-                    .unwrap_or_else(|_| {
-                        panic!(
-                            "burn-dist: the device pieces of `{}` are not `{}`'s tensors",
-                            info.name,
-                            std::any::type_name::<B>()
-                        )
-                    })
-            }
-        }
-    }
-
-    /// Keeps `tensor` (parameter `index`'s, `B::FloatTensorPrimitive`) for a later use, which
-    /// the schedule says is of the same parameter; its bytes, counted live by the use that made
-    /// it, stay live until then.
-    fn keep(&self, index: usize, tensor: Box<dyn Any + Send>) {
-        let replaced = {
-            let mut kept = self.kept();
-            let at = kept.iter().position(|k| k.index == index);
-            let replaced = at.map(|at| kept.swap_remove(at));
-            kept.push(KeptTensor { index, tensor });
-            replaced
-        };
-        // The schedule serves a parameter's kept tensor before keeping another, so this is
-        // only a tensor whose use did not come.
-        if let Some(replaced) = replaced {
-            self.release_kept(replaced);
-        }
-    }
-
-    /// The tensor kept for this use of parameter `index` (the schedule, the same on every
-    /// rank, announced it when an earlier use was served), its bytes still live; `None` if it
-    /// was dropped since.
-    fn take_kept<B: Backend>(&self, index: usize) -> Option<B::FloatTensorPrimitive> {
-        let kept = {
-            let mut kept = self.kept();
-            let at = kept.iter().position(|k| k.index == index)?;
-            kept.swap_remove(at)
-        };
-        let tensor = kept
-            .tensor
-            .downcast::<B::FloatTensorPrimitive>()
-            .unwrap_or_else(|_| {
-                panic!(
-                    "burn-dist: the tensor kept for `{}` is not `{}`'s",
-                    self.params[index].name,
-                    std::any::type_name::<B>()
-                )
-            });
-        Some(*tensor)
-    }
-
-    /// Drops the tensors kept for later uses (their uses did not come, the step ended, or the
-    /// pieces changed).
-    ///
-    /// **Every rank drops its kept tensors at the same points**, and this is the one function
-    /// that drops them all: at the step's end ([`ParamShards::end_step`]), when the schedule says
-    /// so (`Decision::forget_kept` in [`ParamShards::fetch`]: a change of phase, or a use off
-    /// the plan), when the pieces change ([`ParamShards::forget_ahead`]) and when the window
-    /// does ([`ParamShards::set_prefetch`], set on every rank alike). Each is the same point of
-    /// the same program, or of the same agreed schedule, on every rank; a call anywhere else,
-    /// or on some ranks only, breaks the rule.
-    ///
-    /// Why the ranks must agree: a use whose tensor is still kept gathers nothing, while a use
-    /// whose tensor was dropped gathers it again, alone (the `None` branch of
-    /// [`ParamShards::gather`]), and a gather is a collective. A rank that still held the
-    /// tensor would skip the all-gather its peers issue: they would wait for it until the
-    /// collective timeout, or meet its next gather under another tag. (`keep` also drops a
-    /// parameter's earlier kept tensor when it keeps a new one, which the schedule, the same on
-    /// every rank, decides.)
-    pub(super) fn drop_kept(&self) {
-        let kept = std::mem::take(&mut *self.kept());
-        for kept in kept {
-            self.release_kept(kept);
-        }
-    }
-
-    /// A kept tensor is dropped: its parameter's bytes are no longer live.
-    fn release_kept(&self, kept: KeptTensor) {
-        self.release(self.params[kept.index].bytes());
-    }
-
-    fn kept(&self) -> MutexGuard<'_, Vec<KeptTensor>> {
-        // Nothing panics while holding it.
-        self.kept.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn gather_error(&self, index: usize, source: CommError) -> DistError {
@@ -565,47 +268,16 @@ impl ParamShards {
         }
     }
 
-    /// One more entry of the step's sequence (a parameter index, or the end of a backward).
-    pub(super) fn hash_into_digest(&self, entry: usize) {
-        let mut state = self.state();
-        state.digest = (state.digest ^ entry as u64).wrapping_mul(FNV_PRIME);
+    /// `bytes` of gathered parameters are no longer held: the op that held them returned.
+    pub(crate) fn release(&self, bytes: usize) {
+        self.ledger.release(bytes);
     }
 
-    /// One more use of the step's sequence: parameter `index`, with how it was served
-    /// (`served`: [`DigestedUse`]) and its phase, so that ranks that used the same parameters
-    /// in another phase, or one as a read where another's op gathered it, differ.
-    fn hash_use(&self, index: usize, served: DigestedUse, phase: Phase) {
-        self.hash_into_digest(index);
-        self.hash_into_digest(2 * served as usize + phase.slot());
-    }
-
-    /// A use served by the tensor an earlier use kept ([`Fetched::Kept`]): one more use
-    /// of the step's sequence, and no gather (its bytes are live already).
-    fn count_again(&self, index: usize, phase: Phase) {
-        self.hash_use(index, DigestedUse::Kept, phase);
-        let mut state = self.state();
-        state.stats.uses += 1;
-        state.stats.served_again += 1;
-    }
-
-    pub(super) fn count(&self, index: usize, counted: Use, phase: Phase) {
-        let bytes = self.params[index].bytes();
-        let served = match counted {
-            Use::Op => DigestedUse::Op,
-            Use::Read => DigestedUse::Read,
-        };
-        self.hash_use(index, served, phase);
-        let mut state = self.state();
-        let stats = &mut state.stats;
-        stats.uses += 1;
-        match counted {
-            Use::Op => {
-                stats.gathers += 1;
-                stats.gathered_bytes += bytes as u64;
-                stats.hold(bytes);
-            }
-            Use::Read => stats.reads += 1,
-        }
+    /// The first gather that failed on this rank, as an error (`Ddp::backward` and the
+    /// optimizer return it; the op that met it panicked).
+    pub fn failure(&self) -> Option<DistError> {
+        let (index, source) = self.ledger.failure()?;
+        Some(self.gather_error(index, source))
     }
 
     /// Fault injection for the divergence tests: counts a use of parameter `index` on this
@@ -613,21 +285,44 @@ impl ParamShards {
     /// that only the step's agreement on the digests can see the ranks differ.
     #[doc(hidden)]
     pub fn inject_use(&self, index: usize) {
-        self.count(index, Use::Read, Phase::Train);
+        let bytes = self.params[index].bytes();
+        self.ledger.count(index, bytes, Use::Read, Phase::Train);
     }
 
-    /// `bytes` of gathered parameters are no longer held: the op that held them returned, or
-    /// what was gathered ahead was taken or dropped.
-    pub(crate) fn release(&self, bytes: usize) {
-        let mut state = self.state();
-        state.stats.live_bytes = state.stats.live_bytes.saturating_sub(bytes);
+    /// Fault injection for the schedule tests: records a use of parameter `index` in this
+    /// rank's schedule alone, with no gather and no trace in the step's digest, as a digest
+    /// collision would leave it, so that only the check of the recorded orders can see it. For
+    /// a step without a schedule yet (the first): under one it would also take a gather's
+    /// place.
+    #[doc(hidden)]
+    pub fn inject_recorded_use(&self, index: usize) {
+        self.gathers.record_use_alone(index);
     }
 
-    /// The first gather that failed on this rank, as an error (`Ddp::backward` and the
-    /// optimizer return it; the op that met it panicked).
-    pub fn failure(&self) -> Option<DistError> {
-        let failure = self.state().failure.clone();
-        failure.map(|(index, source)| self.gather_error(index, source))
+    /// How far ahead this rank gathers (see [`PrefetchConfig`]); every rank must set the same.
+    pub fn prefetch(&self) -> PrefetchConfig {
+        self.gathers.window()
+    }
+
+    /// Sets how far ahead gathers go from the next use on, on every rank alike
+    /// ([`PrefetchConfig::OFF`]: each parameter gathered on demand, alone, and the schedules
+    /// forgotten).
+    pub fn set_prefetch(&self, window: PrefetchConfig) {
+        self.gathers.set_window(window);
+    }
+
+    /// The agreed order of uses of `phase` (parameter indices), and the parameters each of its
+    /// gathers covers; `None` before the first optimizer step.
+    pub fn schedule(&self, phase: Phase) -> Option<(Vec<usize>, Vec<std::ops::Range<usize>>)> {
+        self.gathers.plan(phase)
+    }
+
+    /// A backward pass of this rank ended (the reducer's end-of-backward hook): the schedule
+    /// records it, and gathers ahead wait for it. The step's digest counts it, so that ranks
+    /// whose backward passes end at different points fail the step's agreement.
+    pub(crate) fn end_backward(&self) {
+        self.gathers.end_backward();
+        self.ledger.hash_entry(BACKWARD_END);
     }
 
     /// Which phases (bit [`Phase`] `Train` = 1, `Eval` = 2) have a new gather schedule to agree
@@ -635,98 +330,51 @@ impl ParamShards {
     /// shares one per bit, so every rank must have the same bits
     /// ([`ParamShards::check_new_schedules`]) before it runs.
     pub fn new_schedules(&self) -> u8 {
-        let state = self.state();
-        Phase::ALL
-            .into_iter()
-            .filter(|phase| state.candidates[phase.slot()].is_some())
-            .map(|phase| 1 << phase.slot())
-            .sum()
+        super::agreement::new_schedules(&self.gathers)
     }
 
     /// Checks every rank's [`ParamShards::new_schedules`] (index = rank; the step's agreement
     /// gathers them) against rank 0's: a rank that differs is [`DistError::NewSchedules`] on
     /// every rank alike.
     pub fn check_new_schedules(&self, every_rank: &[u8]) -> Result<()> {
-        let rank0 = every_rank.first().copied().unwrap_or(0);
-        for (rank, &bits) in every_rank.iter().enumerate() {
-            let differ = bits ^ rank0;
-            if let Some(phase) = Phase::ALL
-                .into_iter()
-                .find(|phase| differ & (1 << phase.slot()) != 0)
-            {
-                return Err(DistError::NewSchedules {
-                    rank,
-                    phase,
-                    here: bits & (1 << phase.slot()) != 0,
-                });
-            }
-        }
-        Ok(())
+        super::agreement::check_new_schedules(every_rank)
+    }
+
+    /// After every rank agreed on the step's sequence of uses (the step's digest) and on which
+    /// phases have a new one ([`ParamShards::check_new_schedules`]): rank 0's recorded sequence
+    /// of each such phase is shared, every rank checks its own against it, and once every rank
+    /// has, they become the phases' schedules. A rank whose sequence differs fails with
+    /// [`DistError::Schedule`] and aborts the group, as [`ParamShards::check_model`] does.
+    pub fn adopt_schedules(&self) -> Result<()> {
+        super::agreement::adopt_schedules(&self.comm, &self.gathers, &self.params)
     }
 
     /// Ends the current step's accounting: returns the digest of its sequence of uses (each
     /// with its phase and how it was served) and their count, which every rank must agree on,
-    /// and starts the next step (uses, digest and
-    /// peak start again; the peak becomes `last_step_peak_bytes`).
+    /// and starts the next step (uses, digest and peak start again; the peak becomes
+    /// `last_step_peak_bytes`).
     pub fn end_step(&self) -> (u64, u64) {
-        let (candidates, dropped) = self.scheduler().end_step();
-        self.discard(dropped);
-        self.drop_kept();
-        let mut state = self.state();
-        state.candidates = candidates;
-        let ended = (state.digest, state.stats.uses);
-        state.digest = FNV_OFFSET;
-        let stats = &mut state.stats;
-        stats.uses = 0;
-        stats.last_step_peak_bytes = stats.peak_live_bytes;
-        stats.peak_live_bytes = stats.live_bytes;
-        // From the second step on, the pool holds what the gathers held at most in a step.
-        self.pool.end_step();
-        ended
-    }
-
-    fn held(&self) -> std::sync::RwLockReadGuard<'_, Held> {
-        self.held.read().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn held_mut(&self) -> std::sync::RwLockWriteGuard<'_, Held> {
-        self.held.write().unwrap_or_else(|e| e.into_inner())
+        self.gathers.end_step();
+        self.ledger.end_step()
     }
 
     /// Whether this rank's shard is f32 and so can serve as the optimizer's master weights
     /// ([`ParamShards::with_master`]).
     pub fn holds_f32_shard(&self) -> bool {
-        matches!(*self.held(), Held::F32(_))
+        self.pieces.holds_f32_shard()
     }
 
     /// Runs `update` on this rank's shard of the flat vector, in place, when every parameter is
     /// f32 (the stage-3 optimizer's step on its master weights, which are the pieces every
     /// handle gathers from); `None`, without running it, otherwise.
     pub fn with_master<R>(&self, update: impl FnOnce(&mut [f32]) -> R) -> Option<R> {
-        self.forget_ahead();
-        match &mut *self.held_mut() {
-            Held::F32(shard) => Some(update(shard)),
-            _ => None,
-        }
+        self.gathers.forget_ahead();
+        self.pieces.with_master(update)
     }
 
     /// This rank's shard of the flat vector of parameters as f32 (padding zero).
     pub fn shard_values(&self) -> Vec<f32> {
-        let pieces = match &*self.held() {
-            Held::F32(shard) => return shard.clone(),
-            Held::Pieces(pieces) => pieces.clone(),
-            #[cfg(feature = "device")]
-            Held::Device(pieces) => return pieces.shard_values(),
-        };
-        let mut shard = vec![0.0f32; self.layout.shard_len];
-        for ((range, piece), info) in self.in_shard.iter().zip(pieces).zip(&self.params) {
-            if let Some(range) = range {
-                let data = TensorData::from_bytes_vec(piece, vec![range.len()], info.dtype);
-                let values = data.convert::<f32>().into_vec::<f32>().expect("f32 values");
-                shard[range.clone()].copy_from_slice(&values);
-            }
-        }
-        shard
+        self.pieces.shard_values()
     }
 
     /// Replaces this rank's pieces by `shard` (this rank's shard of the flat vector, f32), in
@@ -734,23 +382,8 @@ impl ParamShards {
     /// its own (or a checkpoint's). Every handle gathers the new values from then on; nothing is
     /// communicated.
     pub fn write_shard(&self, shard: &[f32]) {
-        self.forget_ahead();
-        assert_eq!(shard.len(), self.layout.shard_len, "a shard of the layout");
-        match &mut *self.held_mut() {
-            Held::F32(held) => held.copy_from_slice(shard),
-            Held::Pieces(pieces) => {
-                for ((range, piece), info) in self.in_shard.iter().zip(pieces).zip(&self.params) {
-                    if let Some(range) = range {
-                        let values = shard[range.clone()].to_vec();
-                        let data =
-                            TensorData::new(values, vec![range.len()]).convert_dtype(info.dtype);
-                        *piece = data.into_bytes().to_vec();
-                    }
-                }
-            }
-            #[cfg(feature = "device")]
-            Held::Device(pieces) => pieces.write_shard(shard),
-        }
+        self.gathers.forget_ahead();
+        self.pieces.write_shard(shard);
     }
 
     /// Cuts this rank's piece of parameter `index` out of `full` (all of its values, in any
@@ -766,12 +399,7 @@ impl ParamShards {
     /// changes: [`ParamShards::set_piece`] writes it (a checkpoint's load cuts every piece
     /// before the ranks agree, and writes them after).
     pub fn cut_piece(&self, index: usize, full: TensorData) -> Vec<u8> {
-        let Some(within) = self.within_param(index) else {
-            return Vec::new(); // this rank holds none of it
-        };
-        let elem = self.params[index].dtype.size();
-        let bytes = full.convert_dtype(self.params[index].dtype).into_bytes();
-        bytes[within.start * elem..within.end * elem].to_vec()
+        self.pieces.cut_piece(index, full)
     }
 
     /// Replaces this rank's piece of parameter `index` by `piece` (in the parameter's dtype,
@@ -780,25 +408,8 @@ impl ParamShards {
     pub fn set_piece(&self, index: usize, piece: &[u8]) {
         // On every rank alike, holding a piece or not: what it drops decides what is gathered
         // ahead next, which must be the same everywhere; and the ranks compare what was loaded.
-        self.forget_ahead();
-        self.loads[index].fetch_add(1, Ordering::Relaxed);
-        let Some(in_shard) = self.in_shard[index].clone() else {
-            return; // this rank holds none of it
-        };
-        let elem = self.params[index].dtype.size();
-        assert_eq!(
-            piece.len(),
-            in_shard.len() * elem,
-            "burn-dist: the piece of `{}` written on rank {} has another size than the rank's",
-            self.params[index].name,
-            self.rank()
-        );
-        match &mut *self.held_mut() {
-            Held::F32(shard) => copy_f32_bytes(&mut shard[in_shard], piece),
-            Held::Pieces(pieces) => pieces[index] = piece.to_vec(),
-            #[cfg(feature = "device")]
-            Held::Device(pieces) => pieces.write(in_shard, piece),
-        }
+        self.gathers.forget_ahead();
+        self.pieces.set_piece(index, piece);
     }
 
     /// Per parameter: how many times [`ParamShards::set_piece`] wrote into its pieces (a
@@ -806,43 +417,12 @@ impl ParamShards {
     /// ZeroAdam, whose master weights below f32 are its own, compares it at every step with
     /// what it saw at its last one, and takes the loaded values.
     pub fn loads(&self) -> Vec<u64> {
-        self.loads
-            .iter()
-            .map(|count| count.load(Ordering::Relaxed))
-            .collect()
-    }
-
-    /// Which of parameter `index`'s elements this rank's piece holds (`None`: none of them).
-    fn within_param(&self, index: usize) -> Option<Range<usize>> {
-        self.layout
-            .pieces(self.rank())
-            .into_iter()
-            .find(|p| p.param == index)
-            .map(|p| p.within)
+        self.pieces.loads()
     }
 
     /// This rank's piece of parameter `index`, in its dtype (for a gather or a checkpoint).
     pub fn piece_bytes(&self, index: usize) -> Vec<u8> {
-        self.with_piece(index, <[u8]>::to_vec)
-    }
-
-    /// Shows this rank's piece of parameter `index`, in its dtype, to `visit` (a gather copies
-    /// it straight into its buffer); empty where this rank holds none of it.
-    pub(crate) fn with_piece<R>(&self, index: usize, visit: impl FnOnce(&[u8]) -> R) -> R {
-        match &*self.held() {
-            Held::F32(shard) => match self.in_shard[index].clone() {
-                Some(range) => visit(bytemuck::cast_slice(&shard[range])),
-                None => visit(&[]),
-            },
-            Held::Pieces(pieces) => visit(&pieces[index]),
-            #[cfg(feature = "device")]
-            Held::Device(pieces) => {
-                let bytes = self.in_shard[index]
-                    .clone()
-                    .map_or_else(Vec::new, |range| pieces.read(range));
-                visit(&bytes)
-            }
-        }
+        self.pieces.with_piece(index, <[u8]>::to_vec)
     }
 
     /// What a float primitive of the model holds; `None` when it is not a primitive of the
@@ -856,60 +436,16 @@ impl ParamShards {
     /// is aborted with it, so that the other ranks stop too instead of waiting for this one's
     /// gathers.
     pub fn check_model<B: AutodiffBackend, M: Module<B>>(&self, model: &M) -> Result<()> {
-        let mut check = CheckHandles {
-            shards: self,
-            found: None,
+        let Some(index) = super::check::first_replaced(self, model) else {
+            return Ok(());
         };
-        model.visit(&mut check);
-        match check.found {
-            None => Ok(()),
-            Some(index) => {
-                let error = DistError::ShardReplaced {
-                    rank: self.rank(),
-                    param: index,
-                    name: self.params[index].name.clone(),
-                };
-                self.comm.abort(error.to_string());
-                Err(error)
-            }
-        }
-    }
-}
-
-/// Copies the f32 values in `bytes` (little endian, of no particular alignment) into `out`.
-fn copy_f32_bytes(out: &mut [f32], bytes: &[u8]) {
-    let values = bytes
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes")));
-    out.iter_mut().zip(values).for_each(|(o, v)| *o = v);
-}
-
-/// Finds the first sharded parameter that is not a whole handle of its own index.
-struct CheckHandles<'a> {
-    shards: &'a ParamShards,
-    found: Option<usize>,
-}
-
-impl<B: AutodiffBackend> ModuleVisitor<B> for CheckHandles<'_> {
-    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-        if self.found.is_some() {
-            return;
-        }
-        let Some(index) = self.shards.params.iter().position(|p| p.id == param.id) else {
-            return;
+        let error = DistError::ShardReplaced {
+            rank: self.rank(),
+            param: index,
+            name: self.params[index].name.clone(),
         };
-        let primitive = param.val().inner().into_primitive().tensor();
-        let holds = self.shards.holding(&primitive);
-        // A handle of another `ParamShards` is one of an earlier preparation of the model, whose
-        // pieces this rank's optimizer no longer steps.
-        let own = Holding::Handle {
-            index,
-            whole: true,
-            shards: self.shards as *const ParamShards as usize,
-        };
-        if holds != Some(own) {
-            self.found = Some(index);
-        }
+        self.comm.abort(error.to_string());
+        Err(error)
     }
 }
 

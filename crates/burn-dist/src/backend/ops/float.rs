@@ -41,7 +41,7 @@ forward! {
             P::is_require_grad(tensor)
         }
         fn float_detach(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
-            P::keep(tensor, B::float_detach)
+            P::detach(tensor)
         }
         fn float_set_require_grad(tensor: FloatTensor<Self>, require_grad: bool) -> FloatTensor<Self> {
             P::set_require_grad(tensor, require_grad)

@@ -1,29 +1,55 @@
-//! The gathering side of the schedule (`schedule.rs` decides): a unit of adjacent parameters
-//! gathered in one collective, ahead of its use or on demand, and what it holds until used.
+//! The gather path of stage 3, in one direction: a use of a parameter asks the schedule
+//! (`schedule.rs` decides), the unit it belongs to is gathered in one collective from this
+//! rank's pieces (`piece_store.rs`) into a pooled buffer (`pool.rs`), ahead of its use or on
+//! demand, and each use takes its parameter's part; what the window allows is then issued
+//! ahead. [`Gathers`] owns everything a gather holds until it is used: the schedule with the
+//! gathers in flight, the pool, and the tensors kept for a later use (`kept.rs`).
 
 use std::ops::Range;
-use std::sync::MutexGuard;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
-use burn_dist_comm::{CommError, DType, HostBuffer, Pending, SharedBuffer};
+use burn::tensor::TensorData;
+use burn_backend::Backend;
+use burn_dist_comm::{CommError, DType, HostCommunicator, Pending, SharedBuffer};
 
-use super::ParamShards;
-use super::schedule::{BACKWARD_END, Phase, PrefetchConfig, Scheduler, Serve, UnitSpan};
+use super::kept::KeptTensors;
+use super::ledger::UseLedger;
+use super::piece_store::PieceStore;
+use super::pool::GatherPool;
+use super::schedule::{Phase, PrefetchConfig, Scheduler, Serve, UnitSpan};
+use super::shards::ShardedParamInfo;
 
 /// Gathers issued in this process so far: the next [`UnitGather`]'s id.
 static GATHERS: AtomicU64 = AtomicU64::new(0);
 
+/// One rank's gathers (see the module docs).
+pub(super) struct Gathers {
+    comm: Arc<HostCommunicator>,
+    params: Arc<[ShardedParamInfo]>,
+    pieces: Arc<PieceStore>,
+    ledger: Arc<UseLedger>,
+    /// The gather schedules and the gathers in flight ahead of their use.
+    scheduler: Mutex<Scheduler<UnitGather>>,
+    /// The host gathers' buffers, reused from step to step.
+    pool: Arc<GatherPool>,
+    kept: KeptTensors,
+    /// Orders recorded at the last step's end, per phase, to be agreed on and adopted
+    /// (`agreement.rs`).
+    candidates: Mutex<[Option<Vec<usize>>; 2]>,
+}
+
 /// One gather of consecutive parameters `params`: in flight, then their values, one part per
 /// parameter, taken by the uses it serves.
-pub(crate) struct UnitGather {
+pub(super) struct UnitGather {
     /// Which gather this is, unique in the process: `fetch` finds its gather again by it
     /// after waiting with the scheduler unlocked.
     id: u64,
     params: Range<usize>,
     in_flight: Option<InFlight>,
     parts: Vec<Option<Part>>,
-    /// Bytes gathered and not yet taken (counted live in the rank's stats).
+    /// Bytes gathered and not yet taken (counted live in the rank's ledger).
     remaining: usize,
 }
 
@@ -37,74 +63,133 @@ enum InFlight {
     Device(Result<Box<dyn crate::device::DeviceGathering>, CommError>),
 }
 
-/// How [`ParamShards::fetch`] served a use.
-pub(crate) enum Fetched {
+/// How [`Gathers::fetch`] served a use.
+pub(super) enum Fetched {
     /// The parameter, gathered; `keep`: a later use of the same parameter is to be served the
     /// tensor made of this part.
     Part { part: Part, keep: bool },
-    /// An earlier use of this parameter kept its tensor for this one; `keep`: keep it again
-    /// for a later use.
+    /// An earlier use of this parameter kept its tensor for this one ([`Gathers::take_kept`]
+    /// has it); `keep`: keep it again for a later use.
     Kept { keep: bool },
 }
 
 /// One gathered parameter.
-pub(crate) enum Part {
-    /// Its bytes, on the host (made a tensor of the backend by the gather's caller): its range
-    /// of the unit's gather buffer, which goes back to the pool when the unit's last
-    /// parameter is dropped.
+pub(super) enum Part {
+    /// Its bytes, on the host: its range of the unit's gather buffer, which goes back to the
+    /// pool when the unit's last parameter is dropped.
     Host(burn_backend::Bytes),
-    /// Already a float primitive of the backend, in device memory (boxed: `ParamShards` is
-    /// not generic over the backend).
+    /// Already a float primitive of the backend, in device memory (boxed: the sharding types
+    /// are not generic over the backend).
     #[cfg(feature = "device")]
     Device(Box<dyn std::any::Any + Send>),
 }
 
-impl ParamShards {
-    pub(super) fn scheduler(&self) -> MutexGuard<'_, Scheduler<UnitGather>> {
+impl Part {
+    /// The backend's tensor of parameter `info` made of this part.
+    pub(super) fn into_tensor<B: Backend>(
+        self,
+        info: &ShardedParamInfo,
+        device: &B::Device,
+    ) -> B::FloatTensorPrimitive {
+        match self {
+            Part::Host(bytes) => {
+                let data = TensorData::from_bytes(bytes, info.shape.clone(), info.dtype);
+                B::float_from_data(data, device)
+            }
+            // The device store was built for the inner backend of this decorator: its
+            // primitives are `B`'s.
+            #[cfg(feature = "device")]
+            Part::Device(tensor) => downcast::<B>(tensor, info, "device pieces"),
+        }
+    }
+}
+
+/// A boxed float primitive of parameter `info` as `B`'s (`what` it is, for the message).
+pub(super) fn downcast<B: Backend>(
+    tensor: Box<dyn std::any::Any + Send>,
+    info: &ShardedParamInfo,
+    what: &str,
+) -> B::FloatTensorPrimitive {
+    *tensor
+        .downcast::<B::FloatTensorPrimitive>()
+        .unwrap_or_else(|_| {
+            panic!(
+                "burn-dist: the {what} of `{}` are not `{}`'s tensors",
+                info.name,
+                std::any::type_name::<B>()
+            )
+        })
+}
+
+impl Gathers {
+    pub(super) fn new(
+        comm: Arc<HostCommunicator>,
+        params: Arc<[ShardedParamInfo]>,
+        pieces: Arc<PieceStore>,
+        ledger: Arc<UseLedger>,
+        window: PrefetchConfig,
+    ) -> Self {
+        Gathers {
+            comm,
+            params,
+            pieces,
+            kept: KeptTensors::new(ledger.clone()),
+            ledger,
+            scheduler: Mutex::new(Scheduler::new(window)),
+            pool: Arc::default(),
+            candidates: Mutex::new([None, None]),
+        }
+    }
+
+    fn scheduler(&self) -> MutexGuard<'_, Scheduler<UnitGather>> {
         // A panic while it was held (a failed gather) leaves at worst gathers that are dropped.
         self.scheduler.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// How far ahead this rank gathers (see [`PrefetchConfig`]); every rank must set the same.
-    pub fn prefetch(&self) -> PrefetchConfig {
+    fn candidates(&self) -> MutexGuard<'_, [Option<Vec<usize>>; 2]> {
+        self.candidates.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(super) fn window(&self) -> PrefetchConfig {
         self.scheduler().window()
     }
 
-    /// Sets how far ahead gathers go from the next use on, on every rank alike
-    /// ([`PrefetchConfig::OFF`]: each parameter gathered on demand, alone, and the schedules
-    /// forgotten).
-    pub fn set_prefetch(&self, window: PrefetchConfig) {
+    /// Sets how far ahead gathers go from the next use on (on every rank alike).
+    pub(super) fn set_window(&self, window: PrefetchConfig) {
         let dropped = self.scheduler().set_window(window);
         self.discard(dropped);
-        self.drop_kept();
+        self.kept.drop_all();
     }
 
-    /// The agreed order of uses of `phase` (parameter indices), and the parameters each of its
-    /// gathers covers; `None` before the first optimizer step.
-    pub fn schedule(&self, phase: Phase) -> Option<(Vec<usize>, Vec<Range<usize>>)> {
+    /// The agreed order of uses of `phase` and the parameters each of its gathers covers.
+    pub(super) fn plan(&self, phase: Phase) -> Option<(Vec<usize>, Vec<Range<usize>>)> {
         let scheduler = self.scheduler();
         scheduler
             .plan(phase)
             .map(|(order, units)| (order.to_vec(), units))
     }
 
-    /// A backward pass of this rank ended (the reducer's end-of-backward hook): the schedule
-    /// records it, and gathers ahead wait for it. The step's digest counts it, so that ranks
-    /// whose backward passes end at different points fail the step's agreement.
-    pub(crate) fn end_backward(&self) {
+    /// A backward pass of this rank ended: the schedule records it, and gathers ahead wait for
+    /// it.
+    pub(super) fn end_backward(&self) {
         self.scheduler().end_backward();
-        self.hash_into_digest(BACKWARD_END);
     }
 
-    /// Fault injection for the schedule tests: records a use of parameter `index` in this
-    /// rank's schedule alone, with no gather and no trace in the step's digest, as a digest
-    /// collision would leave it, so that only the check of the recorded orders can see it. For
-    /// a step without a schedule yet (the first): under one it would also take a gather's
-    /// place.
-    #[doc(hidden)]
-    pub fn inject_recorded_use(&self, index: usize) {
+    /// Records a use of parameter `index` in the schedule alone, with no gather (fault
+    /// injection: `ParamShards::inject_recorded_use`).
+    pub(super) fn record_use_alone(&self, index: usize) {
         let dropped = self.scheduler().on_use(Phase::Train, index).dropped;
         self.discard(dropped);
+    }
+
+    /// Uses the plans did not expect, since the start.
+    pub(super) fn off_schedule(&self) -> u64 {
+        self.scheduler().off_plan
+    }
+
+    /// The pool's (buffers reused since the start, bytes free now).
+    pub(super) fn pooled(&self) -> (u64, usize) {
+        (self.pool.reused(), self.pool.free_bytes())
     }
 
     /// Parameter `index`'s bytes for an op of `phase`, as the schedule serves them; then issues
@@ -121,12 +206,12 @@ impl ParamShards {
         let decision = scheduler.on_use(phase, index);
         self.discard(decision.dropped);
         if decision.forget_kept {
-            self.drop_kept();
+            self.kept.drop_all();
         }
         let fetched = match decision.serve {
             Serve::Alone => {
                 drop(scheduler);
-                let part = self.gather_alone(index)?;
+                let part = self.alone(index)?;
                 scheduler = self.scheduler();
                 Fetched::Part { part, keep: false }
             }
@@ -176,10 +261,33 @@ impl ParamShards {
         let ahead = scheduler.plan_ahead(|gather| gather.remaining, |unit| self.unit_bytes(unit));
         for (unit_index, unit) in ahead {
             let gather = self.issue(&unit);
-            self.state().stats.prefetched += 1;
+            self.ledger.prefetched();
             scheduler.issued(unit_index, gather);
         }
         Ok(fetched)
+    }
+
+    /// Parameter `index` alone, on demand (a read, or a use whose kept tensor was dropped).
+    pub(super) fn alone(&self, index: usize) -> Result<Part, CommError> {
+        let mut gather = self.issue(&UnitSpan {
+            positions: 0..1,
+            params: index..index + 1,
+        });
+        self.take(&mut gather, 0)
+    }
+
+    /// The tensor kept for this use of parameter `index` (the schedule, the same on every
+    /// rank, announced it when an earlier use was served: [`Fetched::Kept`]), its bytes still
+    /// live; `None` if it was dropped since.
+    pub(super) fn take_kept<B: Backend>(&self, index: usize) -> Option<B::FloatTensorPrimitive> {
+        let tensor = self.kept.take(index)?;
+        Some(downcast::<B>(tensor, &self.params[index], "tensor kept"))
+    }
+
+    /// Keeps parameter `index`'s `tensor` for its next use, which the schedule announced.
+    pub(super) fn keep<B: Backend>(&self, index: usize, tensor: B::FloatTensorPrimitive) {
+        self.kept
+            .keep(index, self.params[index].bytes(), Box::new(tensor));
     }
 
     fn unit_bytes(&self, unit: &UnitSpan) -> usize {
@@ -194,7 +302,7 @@ impl ParamShards {
         let params = unit.params.clone();
         let tag = u32::try_from(params.start + 1).expect("fewer than 2^32 parameters");
         let remaining = self.unit_bytes(unit);
-        self.state().stats.hold(remaining);
+        self.ledger.hold(remaining);
         let in_flight = self.issue_gather(params.clone(), tag);
         UnitGather {
             id: GATHERS.fetch_add(1, Ordering::Relaxed),
@@ -205,14 +313,15 @@ impl ParamShards {
         }
     }
 
-    /// The collective of [`ParamShards::issue`]: into fresh device buffers on the device path,
+    /// The collective of [`Gathers::issue`]: into fresh device buffers on the device path,
     /// else into host bytes.
     fn issue_gather(&self, params: Range<usize>, tag: u32) -> InFlight {
+        use burn_dist_comm::Communicator;
         #[cfg(feature = "device")]
-        if let Some(issued) = self.issue_on_device(params.clone(), tag) {
+        if let Some(issued) = self.pieces.issue_on_device(params.clone(), tag) {
             return InFlight::Device(issued);
         }
-        let world = self.layout().world;
+        let world = self.pieces.layout().world;
         let mut counts = vec![0; world];
         for info in &self.params[params.clone()] {
             let elem = info.dtype.size();
@@ -228,13 +337,13 @@ impl ParamShards {
             .take(total)
             .unwrap_or_else(|| lane.shared_buffer(DType::U8, total));
         // This rank's pieces go straight to their place in the result.
-        let rank = self.rank();
+        let rank = self.comm.rank();
         let own_start: usize = counts[..rank].iter().sum();
         let own_end = own_start + counts[rank];
         let mut at = own_start;
         for i in params.clone() {
             let bytes = buffer.as_bytes_mut();
-            at += self.with_piece(i, |piece| {
+            at += self.pieces.with_piece(i, |piece| {
                 let fits = piece.len().min(own_end.saturating_sub(at));
                 bytes[at..at + fits].copy_from_slice(&piece[..fits]);
                 piece.len()
@@ -250,15 +359,6 @@ impl ParamShards {
         InFlight::Host(lane.all_gather_shared(buffer, counts, tag))
     }
 
-    /// Parameter `index` alone, on demand.
-    pub(super) fn gather_alone(&self, index: usize) -> Result<Part, CommError> {
-        let mut gather = self.issue(&UnitSpan {
-            positions: 0..1,
-            params: index..index + 1,
-        });
-        self.take(&mut gather, 0)
-    }
-
     /// The part of `gather` for its parameter at `offset`, waiting for it if it is in flight.
     fn take(&self, gather: &mut UnitGather, offset: usize) -> Result<Part, CommError> {
         if let Some(in_flight) = gather.in_flight.take() {
@@ -270,15 +370,15 @@ impl ParamShards {
             .expect("each part of a unit serves one use");
         let bytes = self.params[gather.params.start + offset].bytes();
         gather.remaining -= bytes;
-        self.release(bytes);
+        self.ledger.release(bytes);
         Ok(part)
     }
 
-    /// Waits for the collective of a gather of `params`, counting the wait in the stats.
+    /// Waits for the collective of a gather of `params`, counting the wait.
     fn wait_for(&self, in_flight: InFlight, params: Range<usize>) -> Result<Vec<Part>, CommError> {
         let start = Instant::now();
         let parts = self.finish(in_flight, params);
-        self.state().stats.wait_nanos += start.elapsed().as_nanos() as u64;
+        self.ledger.waited(start.elapsed().as_nanos() as u64);
         parts
     }
 
@@ -295,7 +395,7 @@ impl ParamShards {
                 Ok(())
             }
             Err(error) => {
-                self.release(gather.remaining);
+                self.ledger.release(gather.remaining);
                 gather.remaining = 0;
                 Err(error)
             }
@@ -332,102 +432,48 @@ impl ParamShards {
 
     /// Gathers no longer wanted: their bytes are no longer held. (Peers issued the same ones:
     /// the collectives complete on the communicator's thread, and their results are dropped.)
-    pub(super) fn discard(&self, gathers: impl IntoIterator<Item = UnitGather>) {
+    fn discard(&self, gathers: impl IntoIterator<Item = UnitGather>) {
         for gather in gathers {
-            self.release(gather.remaining);
-            self.state().stats.unused_bytes += gather.remaining as u64;
+            self.ledger.release_unused(gather.remaining);
         }
     }
 
-    /// The pieces change: what was gathered ahead from them is stale.
+    /// The pieces change: what was gathered ahead from them, and the tensors kept, are stale.
     pub(super) fn forget_ahead(&self) {
         let dropped = self.scheduler().restart_ahead();
         self.discard(dropped);
-        self.drop_kept();
+        self.kept.drop_all();
     }
 
-    /// After every rank agreed on the step's sequence of uses (the step's digest) and on which
-    /// phases have a new one ([`ParamShards::check_new_schedules`]): rank 0's recorded sequence
-    /// of each such phase is shared, every rank checks its own against it (the ends of
-    /// backward passes included), and once every rank has, they become the phases'
-    /// schedules. A rank whose sequence differs fails with [`crate::DistError::Schedule`] and
-    /// aborts the group, as [`ParamShards::check_model`] does, so that every other rank fails
-    /// here too, naming it, instead of gathering ahead what this rank will not.
-    pub fn adopt_schedules(&self) -> crate::Result<()> {
-        use burn_dist_comm::Communicator;
-        let candidates = std::mem::take(&mut self.state().candidates);
-        let mut agreed = Vec::new();
-        for (phase, order) in Phase::ALL.into_iter().zip(candidates) {
-            let Some(order) = order else { continue };
-            // The digests agreed, so every rank should hold the same sequence; rank 0's length
-            // goes first all the same, so that a rank whose sequence differs still takes part
-            // in the broadcast and names the difference instead of failing inside it.
-            let length = (order.len() as u64).to_le_bytes().to_vec();
-            let length = self.comm.broadcast(HostBuffer::U8(length), 0).wait()?;
-            let length = u64::from_le_bytes(length.as_bytes().try_into().expect("8 bytes"));
-            let mut bytes: Vec<u8> = order
-                .iter()
-                .flat_map(|&i| encode_entry(i).to_le_bytes())
-                .collect();
-            bytes.resize(4 * length as usize, 0);
-            let shared = self.comm.broadcast(HostBuffer::U8(bytes), 0).wait()?;
-            let rank0: Vec<usize> = shared
-                .as_bytes()
-                .chunks_exact(4)
-                .map(|b| decode_entry(u32::from_le_bytes(b.try_into().expect("4 bytes"))))
-                .collect();
-            if let Some(position) =
-                (0..order.len().max(rank0.len())).find(|&p| order.get(p) != rank0.get(p))
-            {
-                let name = |i: Option<&usize>| match i {
-                    None => "nothing".to_string(),
-                    Some(&BACKWARD_END) => "the end of a backward pass".to_string(),
-                    Some(&i) => format!("`{}`", self.params[i].name),
-                };
-                let error = crate::DistError::Schedule {
-                    rank: self.rank(),
-                    phase,
-                    position,
-                    here: name(order.get(position)),
-                    rank0: name(rank0.get(position)),
-                };
-                self.comm.abort(error.to_string());
-                return Err(error);
-            }
-            agreed.push((phase, order));
-        }
-        if agreed.is_empty() {
-            return Ok(());
-        }
-        // Every rank has checked its sequences: a rank that found a difference aborted the group,
-        // and the others learn it here rather than at their next gather.
-        self.comm.barrier().wait()?;
-        for (phase, order) in agreed {
-            self.scheduler().adopt(
-                phase,
-                order,
-                |i| self.params[i].bytes(),
-                |first, next| self.params[first].dtype == self.params[next].dtype,
-            );
-            self.state().stats.schedules += 1;
-        }
-        Ok(())
+    /// The optimizer step: every round ends, what is still gathered ahead or kept is dropped,
+    /// and the rounds recorded become candidates for the agreement; from the second step on,
+    /// the pool holds what the gathers held at most in a step.
+    pub(super) fn end_step(&self) {
+        let (candidates, dropped) = self.scheduler().end_step();
+        self.discard(dropped);
+        self.kept.drop_all();
+        *self.candidates() = candidates;
+        self.pool.end_step();
     }
-}
 
-/// A sequence entry on the wire: a parameter index, or `u32::MAX` for [`BACKWARD_END`].
-fn encode_entry(entry: usize) -> u32 {
-    if entry == BACKWARD_END {
-        u32::MAX
-    } else {
-        u32::try_from(entry).expect("fewer than 2^32 - 1 parameters")
+    /// Whether each phase has a recorded order waiting for the agreement.
+    pub(super) fn has_candidate(&self, phase: Phase) -> bool {
+        self.candidates()[phase.slot()].is_some()
     }
-}
 
-fn decode_entry(wire: u32) -> usize {
-    if wire == u32::MAX {
-        BACKWARD_END
-    } else {
-        wire as usize
+    /// The recorded orders, taken for the agreement.
+    pub(super) fn take_candidates(&self) -> [Option<Vec<usize>>; 2] {
+        std::mem::take(&mut *self.candidates())
+    }
+
+    /// Makes `order` (agreed by every rank) the plan of `phase`.
+    pub(super) fn adopt(&self, phase: Phase, order: Vec<usize>) {
+        self.scheduler().adopt(
+            phase,
+            order,
+            |i| self.params[i].bytes(),
+            |first, next| self.params[first].dtype == self.params[next].dtype,
+        );
+        self.ledger.adopted_schedule();
     }
 }
