@@ -10,6 +10,8 @@ mod decay;
 mod error;
 mod loaded;
 #[cfg(feature = "device")]
+mod new_params;
+#[cfg(feature = "device")]
 mod resident;
 mod ruled_adamw;
 mod shard;

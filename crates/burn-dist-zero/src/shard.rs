@@ -678,7 +678,7 @@ impl Shard {
             return Ok((mark_for_sync(model), report));
         }
         // 4. Every rank's new parameters, device to device, into the model, a group at a time.
-        let mut write = crate::resident::WriteDeviceParams::<B> {
+        let mut write = crate::new_params::WriteDeviceParams::<B> {
             params: &self.params,
             device,
             error: None,
