@@ -4,8 +4,9 @@
 //! buffer each, which becomes the model's tensor. No buffer of the whole flat parameter vector
 //! exists, and the old parameters are released group by group as the model takes the new ones.
 //!
-//! Its own module so that a second owner of the optimizer state on the device path can share
-//! it with `crate::resident`, whose fused kernels write the model copy.
+//! One code for both places the optimizer state may live on the device path: in device memory
+//! (`crate::resident`, whose fused kernels write the model copy) and offloaded to the host
+//! (`crate::offload`, which uploads the copy the host step computed).
 
 use std::any::Any;
 use std::sync::Arc;
@@ -98,6 +99,12 @@ impl<B: CubeResident> ParamGather<B> {
             self.dtype,
         );
         Ok(Box::new(B::from_cube(tensor)))
+    }
+
+    /// Drops a group gathered but not handed over (a write-back that failed part way), so
+    /// that the next step's gathers start afresh instead of handing out stale values.
+    pub(crate) fn forget(&mut self) {
+        self.gathered.clear();
     }
 
     /// All-gathers the new values of parameter `first` and of the ones after it that fit in
