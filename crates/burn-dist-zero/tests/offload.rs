@@ -381,6 +381,97 @@ fn a_state_saved_offloaded_resumes_on_the_device_and_back() {
     }
 }
 
+/// `world` ranks at `stage` with ZeroAdam at `place`: from a fresh model, or from the
+/// checkpoint `from` (a sharded checkpoint of `burn_dist_zero::checkpoint`, of any world size),
+/// the steps `steps` of the synthetic MLP task; with `save_to`, a checkpoint of the step after
+/// the last one is written there. Per rank: the final parameters.
+fn train_checkpointed(
+    (world, stage, place): (usize, u8, Place),
+    from: Option<&std::path::Path>,
+    steps: std::ops::Range<usize>,
+    save_to: Option<&std::path::Path>,
+) -> Vec<Vec<Vec<f32>>> {
+    use burn_dist_zero::{TrainingState, checkpoint};
+    burn_dist_kernels::testing::wgpu_client();
+    let device = WgpuDevice::default();
+    let comms = HostCommunicator::local_group(world, &CommConfig::default());
+    run_ranks(comms, |rank, comm| {
+        let mut ddp = Ddp::for_thread_staged::<Wgpu>(comm, DdpConfig::new(), &device);
+        let mut model = ddp
+            .prepare(Mlp::<OnWgpu>::new(&MLP_SIZES, 7, &device))
+            .unwrap();
+        let zero = ZeroAdamConfig::new()
+            .with_stage(stage)
+            .init::<OnWgpu, _>(&ddp, &model)
+            .unwrap();
+        let mut zero = place.apply(zero, &ddp, &device);
+        if let Some(dir) = from {
+            let dir = checkpoint::latest(dir).unwrap().expect("a checkpoint");
+            model = checkpoint::load::<OnWgpu, _>(dir, &ddp, model, &mut zero)
+                .unwrap()
+                .0;
+        }
+        let f32 = FloatDType::F32;
+        let end = steps.end;
+        for s in steps.clone() {
+            model = zero_mlp_step(
+                &mut ddp,
+                model,
+                &mut zero,
+                (rank, world, s),
+                (GLOBAL_BATCH, LR),
+                f32,
+                &device,
+            );
+        }
+        if let Some(root) = save_to {
+            let state = TrainingState::new(end as u64, (end * GLOBAL_BATCH) as u64);
+            checkpoint::save(root, &ddp, &model, &zero, &state).unwrap();
+        }
+        parameters::<OnWgpu, _>(&model)
+    })
+}
+
+/// A sharded checkpoint written offloaded at 2 ranks resumes at 1 and 3 ranks, with the state
+/// in device memory or offloaded, and one written with the state in device memory resumes
+/// offloaded: each run goes on as the uninterrupted 2-rank run (to the rounding of other
+/// reductions and of the two steps' arithmetic), and at 2 ranks offloaded bit for bit.
+#[test]
+fn a_checkpoint_written_offloaded_resumes_at_other_world_sizes_with_and_without_offload() {
+    use Place::{Device, Offloaded};
+    for stage in [1, 2] {
+        let uninterrupted = train_checkpointed((2, stage, Offloaded), None, 0..6, None);
+        for written in [Offloaded, Device] {
+            let root = tempfile::tempdir().unwrap();
+            train_checkpointed((2, stage, written), None, 0..3, Some(root.path()));
+            for (world, place) in [
+                (2, Offloaded),
+                (1, Device),
+                (1, Offloaded),
+                (3, Device),
+                (3, Offloaded),
+            ] {
+                let resumed =
+                    train_checkpointed((world, stage, place), Some(root.path()), 3..6, None);
+                let what = format!(
+                    "stage {stage}: written {written:?} at 2 ranks, resumed {place:?} at {world}"
+                );
+                for (rank, params) in resumed.iter().enumerate() {
+                    assert!(
+                        params == &resumed[0],
+                        "{what}: rank {rank} differs from rank 0"
+                    );
+                }
+                if (world, place, written) == (2, Offloaded, Offloaded) {
+                    assert!(resumed[0] == uninterrupted[0], "{what}: not bit for bit");
+                } else {
+                    assert_close(&resumed[0], &uninterrupted[0], TOLERANCE, &what);
+                }
+            }
+        }
+    }
+}
+
 /// "Roll back to the best model" (`burn_dist_testing::roll_back`) on 2 ranks on wgpu at
 /// `stage`, ZeroAdam offloaded.
 fn rolled_back_offloaded(stage: u8, after_load: AfterLoad) -> Vec<RolledBack<()>> {
