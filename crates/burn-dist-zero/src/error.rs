@@ -69,6 +69,23 @@ pub enum ZeroError {
          `Ddp::init_nccl`), or keep ZeroAdam on the host"
     )]
     Stage3OnDevice,
+    /// `ZeroAdam::offloaded` at stage 3, which it does not do yet.
+    #[error(
+        "ZeroAdam::offloaded keeps the state on the host at ZeRO stages 1 and 2; stage 3 offload \
+         is not done yet: keep its state in device memory (`ZeroAdam::on_device`) or on the host \
+         path"
+    )]
+    OffloadStage3,
+    /// `ZeroAdam::on_device` or `ZeroAdam::offloaded` on a state already placed by one of them.
+    #[error(
+        "ZeroAdam's state is already {placed}; `ZeroAdam::{asked}` would place it again: call one \
+         of `on_device` (state in device memory) and `offloaded` (state on the host, model on the \
+         device), once"
+    )]
+    AlreadyPlaced {
+        placed: &'static str,
+        asked: &'static str,
+    },
     /// `ZeroAdam::on_device` with a `Ddp` that is not on the device path of that runtime.
     #[error(
         "ZeroAdam's device state needs the `Ddp` on the device path of the same runtime \

@@ -2,13 +2,18 @@
 //!
 //! With N ranks each rank keeps 1/N of the optimizer state. On the host the update is
 //! `burn_dist_kernels::host` (the CPU reference of the fused step, vectorized and on rayon
-//! threads, bitwise equal to it); on a device, the fused kernels.
+//! threads, bitwise equal to it); on a device, the fused kernels; offloaded (a device model,
+//! the state on the host), the host step between the device's reduction and its gather.
 
 pub mod checkpoint;
 mod config;
 mod decay;
 mod error;
 mod loaded;
+#[cfg(feature = "device")]
+mod new_params;
+#[cfg(feature = "device")]
+mod offload;
 #[cfg(feature = "device")]
 mod resident;
 mod ruled_adamw;

@@ -1,10 +1,8 @@
 //! ZeroAdam's state and step in device memory (feature `device`): the fp32 master weights, the
 //! moments and the gradient shard live in buffers of the model's runtime; the fused kernels of
-//! `burn-dist-kernels` update them in place; the new parameters are all-gathered device to
-//! device, in the model's dtype, by the reducer's device collectives, a group of parameters at
-//! a time straight into one fresh buffer each, which becomes the model's tensor: no buffer of
-//! the whole flat parameter vector exists, and the old parameters are released group by group
-//! as the model takes the new ones.
+//! `burn-dist-kernels` update them in place, writing the shard's copy in the model's dtype; the
+//! new parameters are all-gathered from it device to device (`crate::new_params`, which the
+//! offloaded state shares).
 //!
 //! At stage 3 the model's pieces are the shard itself (`ParamShards::device_shard`): in f32 the
 //! fused step updates them in place as its master weights, otherwise it writes its rounded
@@ -34,15 +32,21 @@ use burn_dist_kernels::{FusedAdam, Hyper, ModelDtype, StepBuffers};
 
 use crate::error::{Result, ZeroError};
 use crate::flat::{FlatLayout, Piece};
+use crate::new_params::{NewParameters, ParamGather};
 
 /// Bytes of the hyper-parameters `FusedAdam::update` uploads each step (nine f32).
 const HYPER_BYTES: usize = 9 * 4;
 
-/// What ZeroAdam asks of its device state, whatever the backend (ZeroAdam is not generic).
-pub(crate) trait ResidentState: Send {
-    /// Stage 1: copies `piece` of the parameter's gradient (`grad`, the backend's float
-    /// primitive) into the gradient shard, on the device.
+/// Stage 1 on the device path: where the rank's pieces of the gradients are copied, on the
+/// device (the device state's gradient shard, or the offloaded state's staging of it).
+pub(crate) trait GradientPieces {
+    /// Copies `piece` of the parameter's gradient (`grad`, the backend's float primitive) into
+    /// the gradient shard, on the device.
     fn gradient_piece(&mut self, piece: &Piece, grad: &dyn Any) -> Result<()>;
+}
+
+/// What ZeroAdam asks of its device state, whatever the backend (ZeroAdam is not generic).
+pub(crate) trait ResidentState: GradientPieces + NewParameters + Send {
     /// Stages 1 and 2: copies `piece` of a parameter's values (`param`, the backend's float
     /// primitive, in the model's dtype) into the master weights, converted to f32, on the
     /// device: a parameter replaced since the last step (`crate::loaded`).
@@ -57,11 +61,6 @@ pub(crate) trait ResidentState: Send {
     fn check(&mut self, inv_scale: f32) -> Result<(bool, f64)>;
     /// With every rank's agreed (found_inf, total sum of squares): finalize and update.
     fn update(&mut self, found_inf: bool, total_sum_sq: f64, hyper: Hyper) -> Result<()>;
-    /// Parameter `p`'s new values (model dtype) as a float primitive of the backend, of
-    /// `shape`, all-gathered over ranks device to device with the parameters after it that fit
-    /// in one group, when it is not in the group gathered last. Ask in parameter order: every
-    /// rank issues the same gathers.
-    fn parameter(&mut self, p: usize, shape: Shape) -> Result<Box<dyn Any>>;
     /// (master, m, v), read back (checkpoints).
     fn state(&self) -> [Vec<f32>; 3];
     /// Replaces the state (a checkpoint's), with `steps_taken` steps already counted.
@@ -81,18 +80,12 @@ pub(crate) struct Resident<B: CubeResident> {
     fused: FusedAdam<B::Runtime>,
     buffers: StepBuffers,
     collectives: Arc<dyn DeviceCollectives<B::Runtime>>,
-    device: <B::Runtime as Runtime>::Device,
     layout: FlatLayout,
     rank: usize,
-    /// The parameters' dtype (one for the whole model) and its device type.
-    dtype: DType,
+    /// The parameters' device dtype (one for the whole model).
     device_dtype: DeviceDType,
-    /// This rank's pieces of the flat layout.
-    pieces: Vec<Piece>,
-    /// Bytes of new parameters gathered at once (at least one parameter).
-    group_bytes: usize,
-    /// The group gathered last, not yet handed to the model: (parameter, its buffer).
-    gathered: Vec<(usize, Handle)>,
+    /// The all-gathers of the new parameters from the model copy (`crate::new_params`).
+    gather: ParamGather<B>,
     /// Stage 3: the model's pieces are the shard buffer (master weights in f32, the model
     /// copy otherwise), which `load` must write in place.
     stage3: bool,
@@ -125,27 +118,7 @@ impl<B: CubeResident> Resident<B> {
         let device = B::cube_device(device);
         let client = B::Runtime::client(&device);
         let fused = FusedAdam::new(client.clone());
-        let flat_dtype =
-            burn_dist::device_dtype(dtype).ok_or_else(|| ZeroError::UnsupportedDtype {
-                what: "parameters",
-                dtype: format!("{dtype:?}"),
-                on: String::new(),
-            })?;
-        let model_dtype = match flat_dtype {
-            DeviceDType::F32 => ModelDtype::F32,
-            DeviceDType::F16 => ModelDtype::F16,
-            DeviceDType::BF16 => ModelDtype::Bf16,
-        };
-        if !fused.supports(model_dtype) {
-            return Err(ZeroError::UnsupportedDtype {
-                what: "parameters",
-                dtype: flat_dtype.to_string(),
-                on: format!(
-                    " on {}, whose runtime has no such type",
-                    B::Runtime::name(&client)
-                ),
-            });
-        }
+        let (flat_dtype, model_dtype) = model_dtypes::<B>(&fused, dtype)?;
         // Stage 3 in f32: the pieces are the master weights, stepped in place with no copy.
         let model_dtype = match (&stage3, model_dtype) {
             (Some(_), ModelDtype::F32) => ModelDtype::None,
@@ -165,68 +138,25 @@ impl<B: CubeResident> Resident<B> {
             }
         }
         let rank = collectives.rank();
+        let gather = ParamGather::new(
+            collectives.clone(),
+            client,
+            device,
+            layout.clone(),
+            (dtype, flat_dtype),
+            group_bytes,
+        );
         Ok(Resident {
             rank,
             fused,
             buffers,
             collectives,
-            device,
-            pieces: layout.pieces(rank),
+            gather,
             layout,
-            dtype,
             device_dtype: flat_dtype,
-            group_bytes,
-            gathered: Vec::new(),
             stage3: stage3.is_some(),
             grads_from_reducer,
         })
-    }
-
-    /// All-gathers the new values of parameter `first` and of the ones after it that fit in
-    /// `group_bytes`, each into a fresh buffer: this rank's pieces copied from the model copy
-    /// of the shard, the other ranks' by one collective.
-    fn gather_group(&mut self, first: usize) -> Result<()> {
-        let elem = self.device_dtype.size();
-        let numels = &self.layout.numels;
-        let mut end = first;
-        let mut bytes = 0;
-        while end < numels.len() && (end == first || bytes + numels[end] * elem <= self.group_bytes)
-        {
-            bytes += numels[end] * elem;
-            end += 1;
-        }
-        let model = DeviceSlice::new(
-            self.client().clone(),
-            self.buffers.model.clone(),
-            0,
-            self.layout.shard_len,
-            self.device_dtype,
-        );
-        let mut parts = Vec::with_capacity(end - first);
-        for (p, &numel) in numels.iter().enumerate().take(end).skip(first) {
-            let handle = self.client().empty((numel * elem).max(elem));
-            let slice =
-                DeviceSlice::new(self.client().clone(), handle, 0, numel, self.device_dtype);
-            for piece in self.pieces.iter().filter(|piece| piece.param == p) {
-                copy(
-                    &model.range(piece.in_shard.clone()),
-                    &slice.range(piece.within.clone()),
-                    self.rank,
-                )?;
-            }
-            let range = self.layout.param_range(p);
-            let counts = (0..self.layout.world)
-                .map(|q| self.layout.in_shard(range.clone(), q).len())
-                .collect();
-            parts.push((slice, counts));
-        }
-        let tag = u32::try_from(first + 1).expect("fewer than 2^32 parameters");
-        self.collectives.all_gather_each(&parts, tag)?.wait()?;
-        self.gathered = (first..end)
-            .zip(parts)
-            .map(|(p, (slice, _))| (p, slice.handle))
-            .collect();
-        Ok(())
     }
 
     fn counter(&self) -> &TrafficCounter {
@@ -247,8 +177,7 @@ impl<B: CubeResident> Resident<B> {
         )
     }
 
-    /// Copies `piece` of `primitive` (a float primitive of the backend, a parameter's or its
-    /// gradient's, `what` in messages) into the f32 shard buffer `target`, on the device.
+    /// Copies `piece` of `primitive` (`what` in messages) into the f32 shard buffer `target`.
     fn copy_piece(
         &self,
         piece: &Piece,
@@ -256,27 +185,7 @@ impl<B: CubeResident> Resident<B> {
         what: &str,
         target: &Handle,
     ) -> Result<()> {
-        let primitive = primitive
-            .downcast_ref::<B::FloatTensorPrimitive>()
-            .ok_or_else(|| ZeroError::WrongGradient {
-                expected: std::any::type_name::<B::FloatTensorPrimitive>(),
-                got: format!("{what} is of another backend"),
-            })?;
-        let (view, _) = B::cube_view(primitive);
-        let view = if view.is_contiguous() {
-            view
-        } else {
-            burn_dist::contiguous_copy(view)
-        };
-        let numel = view.meta.shape().num_elements();
-        let dtype = device_dtype(view.dtype)?;
-        let source = DeviceSlice::new(view.client.clone(), view.handle.clone(), 0, numel, dtype);
-        copy(
-            &source.range(piece.within.clone()),
-            &self.f32_buffer(target).range(piece.in_shard.clone()),
-            self.rank,
-        )?;
-        Ok(())
+        copy_piece::<B>(&self.f32_buffer(target), piece, primitive, what, self.rank)
     }
 
     /// Uploads one f32 scalar buffer, counted.
@@ -287,11 +196,19 @@ impl<B: CubeResident> Resident<B> {
     }
 }
 
-impl<B: CubeResident> ResidentState for Resident<B> {
+impl<B: CubeResident> GradientPieces for Resident<B> {
     fn gradient_piece(&mut self, piece: &Piece, grad: &dyn Any) -> Result<()> {
         self.copy_piece(piece, grad, "a gradient", &self.buffers.grads)
     }
+}
 
+impl<B: CubeResident> NewParameters for Resident<B> {
+    fn parameter(&mut self, p: usize, shape: Shape) -> Result<Box<dyn Any>> {
+        self.gather.parameter(p, shape, &self.buffers.model)
+    }
+}
+
+impl<B: CubeResident> ResidentState for Resident<B> {
     fn take_master_piece(&mut self, piece: &Piece, param: &dyn Any) -> Result<()> {
         self.copy_piece(piece, param, "a parameter", &self.buffers.master)
     }
@@ -359,25 +276,6 @@ impl<B: CubeResident> ResidentState for Resident<B> {
         Ok(())
     }
 
-    fn parameter(&mut self, p: usize, shape: Shape) -> Result<Box<dyn Any>> {
-        let at = match self.gathered.iter().position(|(q, _)| *q == p) {
-            Some(at) => at,
-            None => {
-                self.gather_group(p)?;
-                0
-            }
-        };
-        let (_, handle) = self.gathered.remove(at);
-        let tensor = CubeTensor::new_contiguous(
-            self.client().clone(),
-            self.device.clone(),
-            shape,
-            handle,
-            self.dtype,
-        );
-        Ok(Box::new(B::from_cube(tensor)))
-    }
-
     fn state(&self) -> [Vec<f32>; 3] {
         let b = &self.buffers;
         [b.master.clone(), b.m.clone(), b.v.clone()].map(|h| self.fused.read_f32(&h))
@@ -425,6 +323,35 @@ impl<B: CubeResident> ResidentState for Resident<B> {
     }
 }
 
+/// The device type and the fused kernels' model-copy type of parameters of `dtype`, checked
+/// against what `fused`'s runtime can hold (f16 on WGSL needs `shader-f16`; WGSL has no bf16).
+pub(crate) fn model_dtypes<B: CubeResident>(
+    fused: &FusedAdam<B::Runtime>,
+    dtype: DType,
+) -> Result<(DeviceDType, ModelDtype)> {
+    let flat_dtype = burn_dist::device_dtype(dtype).ok_or_else(|| ZeroError::UnsupportedDtype {
+        what: "parameters",
+        dtype: format!("{dtype:?}"),
+        on: String::new(),
+    })?;
+    let model_dtype = match flat_dtype {
+        DeviceDType::F32 => ModelDtype::F32,
+        DeviceDType::F16 => ModelDtype::F16,
+        DeviceDType::BF16 => ModelDtype::Bf16,
+    };
+    if !fused.supports(model_dtype) {
+        return Err(ZeroError::UnsupportedDtype {
+            what: "parameters",
+            dtype: flat_dtype.to_string(),
+            on: format!(
+                " on {}, whose runtime has no such type",
+                B::Runtime::name(fused.client())
+            ),
+        });
+    }
+    Ok((flat_dtype, model_dtype))
+}
+
 fn device_dtype(dtype: DType) -> Result<DeviceDType> {
     burn_dist::device_dtype(dtype).ok_or_else(|| ZeroError::UnsupportedDtype {
         what: "gradients",
@@ -433,13 +360,46 @@ fn device_dtype(dtype: DType) -> Result<DeviceDType> {
     })
 }
 
+/// Copies `piece` of `primitive` (a float primitive of backend `B`, a parameter's or its
+/// gradient's, `what` in messages) into `target`, an f32 buffer of the rank's shard, on the
+/// device.
+pub(crate) fn copy_piece<B: CubeResident>(
+    target: &DeviceSlice<B::Runtime>,
+    piece: &Piece,
+    primitive: &dyn Any,
+    what: &str,
+    rank: usize,
+) -> Result<()> {
+    let primitive = primitive
+        .downcast_ref::<B::FloatTensorPrimitive>()
+        .ok_or_else(|| ZeroError::WrongGradient {
+            expected: std::any::type_name::<B::FloatTensorPrimitive>(),
+            got: format!("{what} is of another backend"),
+        })?;
+    let (view, _) = B::cube_view(primitive);
+    let view = if view.is_contiguous() {
+        view
+    } else {
+        burn_dist::contiguous_copy(view)
+    };
+    let numel = view.meta.shape().num_elements();
+    let dtype = device_dtype(view.dtype)?;
+    let source = DeviceSlice::new(view.client.clone(), view.handle.clone(), 0, numel, dtype);
+    copy(
+        &source.range(piece.within.clone()),
+        &target.range(piece.in_shard.clone()),
+        rank,
+    )?;
+    Ok(())
+}
+
 /// Stage 1: copies, for every piece of this rank's shard, the parameter's gradient piece into
 /// the device gradient shard; records which parameters had a gradient.
 pub(crate) struct GatherShard<'a, B: burn::tensor::backend::AutodiffBackend> {
     pub(crate) params: &'a [burn_dist::ParamInfo],
     pub(crate) pieces: &'a [Piece],
     pub(crate) grads: &'a burn::optim::GradientsParams,
-    pub(crate) device: &'a mut dyn ResidentState,
+    pub(crate) device: &'a mut dyn GradientPieces,
     /// Per parameter (all of them, not only this shard's): whether it had a gradient.
     pub(crate) has_grad: Vec<bool>,
     /// The first failure (a visitor cannot return one).
@@ -505,60 +465,5 @@ impl<B: burn::tensor::backend::AutodiffBackend> burn::module::ModuleVisitor<B>
                 return;
             }
         }
-    }
-}
-
-/// Replaces every parameter with its all-gathered new values, from device memory, a group at
-/// a time (each old parameter is dropped as its new one takes its place).
-pub(crate) struct WriteDeviceParams<'a, B: burn::tensor::backend::AutodiffBackend> {
-    pub(crate) params: &'a [burn_dist::ParamInfo],
-    pub(crate) device: &'a mut dyn ResidentState,
-    /// The first failure (a mapper cannot return one); the parameters after it keep their
-    /// old values.
-    pub(crate) error: Option<ZeroError>,
-    pub(crate) _b: std::marker::PhantomData<B>,
-}
-
-impl<B: burn::tensor::backend::AutodiffBackend> burn::module::ModuleMapper<B>
-    for WriteDeviceParams<'_, B>
-{
-    fn map_float<const D: usize>(
-        &mut self,
-        param: burn::module::Param<burn::tensor::Tensor<B, D>>,
-    ) -> burn::module::Param<burn::tensor::Tensor<B, D>> {
-        use burn::tensor::{Tensor, TensorPrimitive};
-        let Some(index) = self.params.iter().position(|p| p.id == param.id) else {
-            return param;
-        };
-        if self.error.is_some() {
-            return param;
-        }
-        let (id, tensor, mapper) = param.consume();
-        let primitive = match self.device.parameter(index, tensor.shape()) {
-            Ok(primitive) => primitive,
-            Err(error) => {
-                self.error = Some(error);
-                return burn::module::Param::from_mapped_value(id, tensor, mapper);
-            }
-        };
-        // The gradients were this backend's (`gradient_piece` checked their type), so are the
-        // parameters.
-        let primitive = *primitive
-            .downcast::<<B::InnerBackend as burn::tensor::backend::BackendTypes>::FloatTensorPrimitive>()
-            .unwrap_or_else(|_| {
-                panic!(
-                    "ZeroAdam's device state and the model are on different backends (the model: \
-                     `{}`)",
-                    std::any::type_name::<B::InnerBackend>()
-                )
-            });
-        let inner = Tensor::<B::InnerBackend, D>::from_primitive(TensorPrimitive::Float(primitive));
-        let fresh = Tensor::<B, D>::from_inner(inner);
-        let fresh = if tensor.is_require_grad() {
-            fresh.require_grad()
-        } else {
-            fresh
-        };
-        burn::module::Param::from_mapped_value(id, fresh, mapper)
     }
 }

@@ -33,6 +33,8 @@ use crate::error::{Result, ZeroError};
 use crate::flat::{FlatLayout, Piece};
 use crate::loaded::{NOTE_LEN, Replaced, Stamps};
 #[cfg(feature = "device")]
+use crate::offload::{OffloadState, Offloaded};
+#[cfg(feature = "device")]
 use crate::resident::{Resident, ResidentState};
 
 /// This rank's part of ZeroAdam: its shard of the state and what a step needs.
@@ -56,6 +58,11 @@ pub(crate) struct Shard {
     /// host vectors are empty) and the fused kernels update them (feature `device`).
     #[cfg(feature = "device")]
     device: Option<Box<dyn ResidentState>>,
+    /// When set, the model and the reducer are on the device and the state stays here, in the
+    /// host vectors: the host step runs on the gradient shard read down, and the new shard goes
+    /// back up to be gathered on the device (`ZeroAdam::offloaded`, feature `device`).
+    #[cfg(feature = "device")]
+    offload: Option<Box<dyn OffloadState>>,
     /// The host step's own threads (`ZeroAdamConfig::host_threads`); `None`: rayon's global
     /// pool.
     host_pool: Option<rayon::ThreadPool>,
@@ -153,6 +160,8 @@ impl Shard {
             skipped: 0,
             #[cfg(feature = "device")]
             device: None,
+            #[cfg(feature = "device")]
+            offload: None,
             host_pool,
             shards,
             stamps,
@@ -191,6 +200,7 @@ impl Shard {
         ddp: &Ddp,
         device: &D::Device,
     ) -> Result<()> {
+        self.check_not_placed("on_device")?;
         // Stage 3: the step updates the model's pieces in device memory, where they must be.
         let stage3 = match &self.shards {
             Some(shards) => Some(crate::resident::Stage3Pieces(
@@ -203,15 +213,7 @@ impl Shard {
                 .ok_or_else(|| ZeroError::NotOnDevicePath {
                     backend: std::any::type_name::<D>(),
                 })?;
-        let dtype = self.params[0].dtype;
-        if let Some(other) = self.params.iter().find(|p| p.dtype != dtype) {
-            return Err(ZeroError::MixedDtypes {
-                first: self.params[0].name.clone(),
-                first_dtype: format!("{dtype:?}"),
-                other: other.name.clone(),
-                other_dtype: format!("{:?}", other.dtype),
-            });
-        }
+        let dtype = self.one_dtype()?;
         let steps = self.uniform_step_count(&self.time)?;
         let resident = Resident::<D>::new(
             collectives,
@@ -233,6 +235,61 @@ impl Shard {
         Ok(())
     }
 
+    /// See `ZeroAdam::offloaded`.
+    #[cfg(feature = "device")]
+    pub(crate) fn offloaded<D: burn_dist::CubeResident>(
+        &mut self,
+        ddp: &Ddp,
+        device: &D::Device,
+    ) -> Result<()> {
+        self.check_not_placed("offloaded")?;
+        if self.shards.is_some() {
+            return Err(ZeroError::OffloadStage3);
+        }
+        let collectives =
+            ddp.device_collectives::<D::Runtime>()
+                .ok_or_else(|| ZeroError::NotOnDevicePath {
+                    backend: std::any::type_name::<D>(),
+                })?;
+        let offload = Offloaded::<D>::new(
+            collectives,
+            device,
+            self.layout.clone(),
+            self.one_dtype()?,
+            ddp.bucket_config().bucket_bytes,
+        )?;
+        tracing::info!(device = %offload.name(), "ZeroAdam's model on the device, its state on the host");
+        self.offload = Some(Box::new(offload));
+        Ok(())
+    }
+
+    /// Refuses to place the state a second time (`asked`: the call that would).
+    #[cfg(feature = "device")]
+    fn check_not_placed(&self, asked: &'static str) -> Result<()> {
+        let placed = match (&self.device, &self.offload) {
+            (Some(_), _) => "in device memory (`on_device`)",
+            (_, Some(_)) => "offloaded to the host (`offloaded`)",
+            (None, None) => return Ok(()),
+        };
+        Err(ZeroError::AlreadyPlaced { placed, asked })
+    }
+
+    /// The one dtype of every parameter, which the device path writes (its gathers and its
+    /// model copy are of one type).
+    #[cfg(feature = "device")]
+    fn one_dtype(&self) -> Result<burn::tensor::DType> {
+        let dtype = self.params[0].dtype;
+        match self.params.iter().find(|p| p.dtype != dtype) {
+            None => Ok(dtype),
+            Some(other) => Err(ZeroError::MixedDtypes {
+                first: self.params[0].name.clone(),
+                first_dtype: format!("{dtype:?}"),
+                other: other.name.clone(),
+                other_dtype: format!("{:?}", other.dtype),
+            }),
+        }
+    }
+
     /// Per element of this shard: whether weight decay applies (padding does; nothing reads
     /// it).
     #[cfg(feature = "device")]
@@ -246,7 +303,11 @@ impl Shard {
 
     #[cfg(feature = "device")]
     pub(crate) fn traffic(&self) -> Option<burn_dist::Traffic> {
-        self.device.as_ref().map(|device| device.traffic())
+        match (&self.device, &self.offload) {
+            (Some(device), _) => Some(device.traffic()),
+            (_, Some(offload)) => Some(offload.traffic()),
+            (None, None) => None,
+        }
     }
 
     #[cfg(feature = "device")]
@@ -396,8 +457,26 @@ impl Shard {
         inv_scale: f32,
         replaced: &Replaced,
     ) -> Result<(M, StepReport)> {
-        // 1. This rank's shard of the gradient.
-        let (mut grad, present, has_grad) = if self.config.stage >= 2 {
+        // 1. This rank's shard of the gradient (offloaded: reduced on the device, read down).
+        #[cfg(feature = "device")]
+        let offloaded = match self.offload.as_deref_mut() {
+            Some(offload) => Some(crate::offload::gradient_to_host::<B, M>(
+                offload,
+                self.config.stage,
+                &self.params,
+                &self.pieces,
+                self.layout.shard_len,
+                &model,
+                &grads,
+                sync,
+            )?),
+            None => None,
+        };
+        #[cfg(not(feature = "device"))]
+        let offloaded = None;
+        let (mut grad, present, has_grad) = if let Some(offloaded) = offloaded {
+            offloaded
+        } else if self.config.stage >= 2 {
             let shard = sync.take_gradient_shard()?;
             let present = self.pieces.iter().map(|p| shard.used[p.param]).collect();
             (shard.values, present, shard.used)
@@ -465,6 +544,18 @@ impl Shard {
                 shards.write_shard(&self.master);
             }
             let model = model.map(&mut FreshLeaves { shards });
+            return Ok((mark_for_sync(model), report));
+        }
+        // 4. Offloaded: the new shard up, every rank's new parameters gathered on the device.
+        #[cfg(feature = "device")]
+        if let Some(offload) = self.offload.as_deref_mut() {
+            let model = crate::offload::write_back::<B, M>(
+                offload,
+                &self.params,
+                &self.master,
+                found_inf,
+                model,
+            )?;
             return Ok((mark_for_sync(model), report));
         }
         // 4. Everyone gets every updated shard.
@@ -678,7 +769,7 @@ impl Shard {
             return Ok((mark_for_sync(model), report));
         }
         // 4. Every rank's new parameters, device to device, into the model, a group at a time.
-        let mut write = crate::resident::WriteDeviceParams::<B> {
+        let mut write = crate::new_params::WriteDeviceParams::<B> {
             params: &self.params,
             device,
             error: None,

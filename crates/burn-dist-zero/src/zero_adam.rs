@@ -117,6 +117,31 @@ impl ZeroAdam {
         Ok(self)
     }
 
+    /// Keeps the optimizer state (f32 master weights, moments) in host memory while the model
+    /// and the reducer live in the device memory of backend `D` (a burn-cubecl backend, fusion
+    /// on or off, with `ddp` on the device path: `Ddp::init_nccl::<D>`, `Ddp::init_staged::<D>`):
+    /// the alternative to [`ZeroAdam::on_device`] when the state does not fit the device.
+    /// ZeRO stages 1 and 2.
+    ///
+    /// Each step the gradient is reduced on the device as with `on_device`, this rank's shard
+    /// of it is read to the host once (`4 · shard_len` bytes), the host step updates the state
+    /// (the host path's step: clipping, loss scaling and per-parameter step counts included),
+    /// and the new shard in the model's dtype goes back up (`p · shard_len` bytes) to be
+    /// all-gathered device to device into the model, as with `on_device`. Between steps the
+    /// device holds only the parameters. All parameters must share one dtype.
+    ///
+    /// Not yet: stage 3 ([`ZeroError::OffloadStage3`]), and the copy down overlapped with
+    /// backward (it runs after it).
+    #[cfg(feature = "device")]
+    pub fn offloaded<D: burn_dist::CubeResident>(
+        self,
+        ddp: &Ddp,
+        device: &D::Device,
+    ) -> Result<Self> {
+        self.lock().offloaded::<D>(ddp, device)?;
+        Ok(self)
+    }
+
     /// Bytes the optimizer and the reducer's device collectives have moved between host and
     /// device so far (they share one counter); `None` on the host path.
     #[cfg(feature = "device")]

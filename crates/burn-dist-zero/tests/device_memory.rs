@@ -1,6 +1,7 @@
 //! Device memory per rank on the device path, read from the cubecl client's own count
 //! (`memory_usage().bytes_in_use`) on the wgpu twin, against the formula of docs/guide.md
-//! ("Memory per rank"), at ZeRO stages 2 and 3.
+//! ("Memory per rank"), at ZeRO stages 2 and 3, and with the optimizer offloaded to the host
+//! (`ZeroAdam::offloaded`) at stages 1 and 2.
 //!
 //! Two thread ranks, each on a wgpu device of its own (lavapipe's adapter opened twice, as
 //! `DefaultDevice` and `Cpu`: two cubecl clients, two memory pools), so that each rank's count
@@ -15,6 +16,9 @@
 //!   model copy (16S); no buffer of the whole flat parameter vector, no gradient shard (the
 //!   step lets it go);
 //! - stage 3, between steps: the pieces, which are the master weights, and the moments (12S);
+//! - offloaded, stages 1 and 2, between steps: the parameters (4Ψ) alone, 16S below stage 2's
+//!   state in device memory: master weights, moments and the model copy stay on the host, and
+//!   the step lets its gradient shard and the uploaded new shard go;
 //! - during backward, on top: the gradient shard being filled (4S), at most two buckets of
 //!   local gradients in flight and the one that just arrived with its private copy (fusion's
 //!   gradients share memory with fusion), and at stage 3 the gathered units (the one in use
@@ -82,8 +86,17 @@ struct Measured {
 /// One measurement at a time: the two devices are the process's.
 static SERIAL: Mutex<()> = Mutex::new(());
 
+/// Where ZeroAdam keeps its state beside the model on the device.
+#[derive(Clone, Copy, PartialEq)]
+enum State {
+    /// In device memory (`ZeroAdam::on_device`).
+    OnDevice,
+    /// In host memory (`ZeroAdam::offloaded`).
+    Offloaded,
+}
+
 /// Trains the model at `stage` on every rank and measures each rank's device memory.
-fn measure<B: DistributedAutodiff<Device = WgpuDevice>>(stage: u8) -> Vec<Measured> {
+fn measure<B: DistributedAutodiff<Device = WgpuDevice>>(stage: u8, state: State) -> Vec<Measured> {
     let _one_run = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     burn_dist_kernels::testing::wgpu_client();
     let comms = HostCommunicator::local_group(WORLD, &CommConfig::default());
@@ -100,12 +113,15 @@ fn measure<B: DistributedAutodiff<Device = WgpuDevice>>(stage: u8) -> Vec<Measur
             .with_prefetch(PrefetchConfig::new().with_unit_bytes(BUCKET_BYTES));
         let mut ddp = Ddp::for_thread_staged::<Wgpu>(comm, config, &device);
         let model = B::prepare_model(&mut ddp, Mlp::<B>::new(&SIZES, 7, &device)).unwrap();
-        let mut zero = ZeroAdamConfig::new()
+        let zero = ZeroAdamConfig::new()
             .with_stage(stage)
             .init::<B, _>(&ddp, &model)
-            .unwrap()
-            .on_device::<Wgpu>(&ddp, &device)
             .unwrap();
+        let mut zero = match state {
+            State::OnDevice => zero.on_device::<Wgpu>(&ddp, &device),
+            State::Offloaded => zero.offloaded::<Wgpu>(&ddp, &device),
+        }
+        .unwrap();
         let peak = Arc::new(Mutex::new(0u64));
         let watched = (peak.clone(), device.clone());
         ddp.set_observer(move |_, ReducerEvent::Gradient { .. }| {
@@ -185,7 +201,7 @@ fn stage_two_holds_the_parameters_and_a_sixteen_byte_shard_per_element() {
     let (total, shard, largest) = sizes();
     let between = 4 * total + 16 * shard;
     let peak = between + backward_transient(shard, largest) + SMALL;
-    assert_fits(2, &measure::<Stage2>(2), between, peak);
+    assert_fits(2, &measure::<Stage2>(2, State::OnDevice), between, peak);
 }
 
 #[test]
@@ -194,5 +210,49 @@ fn stage_three_holds_twelve_bytes_per_element_of_its_shard() {
     let between = 12 * shard;
     let gathered = (UNITS_AHEAD as u64 + 1) * BUCKET_BYTES as u64;
     let peak = between + backward_transient(shard, largest) + gathered + SMALL;
-    assert_fits(3, &measure::<Stage3>(3), between, peak);
+    assert_fits(3, &measure::<Stage3>(3, State::OnDevice), between, peak);
+}
+
+/// Offloaded, the device holds the parameters alone between steps, at stages 1 and 2: the
+/// state that stays in device memory without offload is not there (stage 2: 16S, master
+/// weights, moments, model copy; stage 1 also its gradient shard buffer, 20S), measured the
+/// same way. During backward the same transient terms as on the device come on top: at stage 2
+/// the formula's; at stage 1, which hands back the averaged gradient whole (4Ψ), at most 12Ψ
+/// with the local gradients and the buckets in flight. Offloading never raises the peak.
+#[test]
+fn offloaded_at_stages_1_and_2_holds_only_the_parameters_between_steps() {
+    let (total, shard, largest) = sizes();
+    let between = 4 * total;
+    for (stage, state_on_device, peak) in [
+        (1, 20 * shard, 3 * 4 * total + SMALL),
+        (
+            2,
+            16 * shard,
+            between + backward_transient(shard, largest) + SMALL,
+        ),
+    ] {
+        let offloaded = measure::<Stage2>(stage, State::Offloaded);
+        assert_fits(stage, &offloaded, between, peak);
+        let on_device = measure::<Stage2>(stage, State::OnDevice);
+        for (rank, (on_device, offloaded)) in on_device.iter().zip(&offloaded).enumerate() {
+            let saved = on_device.between_steps - offloaded.between_steps;
+            eprintln!(
+                "stage {stage}, rank {rank}: offloading saves {saved} B between steps (formula \
+                 {state_on_device} B); peak {} B, on the device {} B",
+                offloaded.peak, on_device.peak
+            );
+            assert!(
+                (state_on_device - SMALL..=state_on_device + SMALL).contains(&saved),
+                "stage {stage}, rank {rank}: offloading saved {saved} bytes between steps, the \
+                 formula says {state_on_device}"
+            );
+            assert!(
+                offloaded.peak <= on_device.peak,
+                "stage {stage}, rank {rank}: offloaded, a peak of {} bytes, above the {} of the \
+                 state in device memory",
+                offloaded.peak,
+                on_device.peak
+            );
+        }
+    }
 }

@@ -1,7 +1,8 @@
 //! `--backend`: the one place where the backend is chosen. The training code (`train`) is the
 //! same for every backend; only how the `Ddp` joins the job and where ZeroAdam's state goes
 //! differ: the host path on Flex, the device path (gradients, optimizer state and parameters in
-//! device memory) on Burn's `Wgpu` and `Cuda`.
+//! device memory, or with `--offload` the optimizer state in host memory) on Burn's `Wgpu` and
+//! `Cuda`.
 
 use burn::backend::Autodiff;
 use burn_dist::{Ddp, DdpConfig, DistributedBackend, PrefetchConfig, Sharded};
@@ -48,9 +49,12 @@ fn wgpu(args: &Args, config: DdpConfig) -> Result<Outcome, String> {
     let device = WgpuDevice::default();
     let mut ddp =
         Ddp::init_staged::<Wgpu>(config, &device).map_err(|e| format!("joining the job: {e}"))?;
-    let on_device =
-        |zero: burn_dist_zero::ZeroAdam, ddp: &Ddp| zero.on_device::<Wgpu>(ddp, &device);
-    in_mode::<Wgpu>(args, &mut ddp, &device, &on_device)
+    // `--offload`: the state on the host beside the model on the device.
+    let place = |zero: burn_dist_zero::ZeroAdam, ddp: &Ddp| match args.offload {
+        true => zero.offloaded::<Wgpu>(ddp, &device),
+        false => zero.on_device::<Wgpu>(ddp, &device),
+    };
+    in_mode::<Wgpu>(args, &mut ddp, &device, &place)
 }
 
 #[cfg(not(feature = "wgpu"))]
@@ -69,9 +73,12 @@ fn cuda(args: &Args, config: DdpConfig) -> Result<Outcome, String> {
     // Without a launcher this fails naming `burn-dist-run` (NCCL meets through the job's store).
     let mut ddp = Ddp::init_nccl::<Cuda>(config, &device)
         .map_err(|e| format!("--backend cuda: joining the job: {e}"))?;
-    let on_device =
-        |zero: burn_dist_zero::ZeroAdam, ddp: &Ddp| zero.on_device::<Cuda>(ddp, &device);
-    in_mode::<Cuda>(args, &mut ddp, &device, &on_device)
+    // `--offload`: the state on the host beside the model on the device.
+    let place = |zero: burn_dist_zero::ZeroAdam, ddp: &Ddp| match args.offload {
+        true => zero.offloaded::<Cuda>(ddp, &device),
+        false => zero.on_device::<Cuda>(ddp, &device),
+    };
+    in_mode::<Cuda>(args, &mut ddp, &device, &place)
 }
 
 #[cfg(not(feature = "cuda"))]

@@ -152,3 +152,40 @@ fn the_metrics_count_the_bytes_between_host_and_device_per_step() {
         );
     }
 }
+
+/// `--offload` (ZeroAdam's state on the host, the model and the reduction on wgpu) follows the
+/// run with the state in device memory step by step, at 2 ranks and ZeRO stages 1 and 2 (the
+/// host step and the fused kernels round a few operations differently), and its metrics count
+/// per step what the state in device memory moves, less ZeroAdam's scalars (its agreement is
+/// the host's), plus the gradient shard down and the new shard up, once each.
+#[test]
+fn offload_follows_the_state_in_device_memory_and_counts_its_bytes() {
+    burn_dist_kernels::testing::wgpu_client();
+    let dir = scratch_dir("gpt-backends-offload");
+    let numels = common::tiny_numels();
+    let world = 2;
+    let shard = 4 * burn_dist::FlatLayout::new(&numels, world, 4).shard_len as u64;
+    for stage in ["1", "2"] {
+        let on_device = launched(&dir, world, &["--backend", "wgpu", "--zero-stage", stage]);
+        let offloaded = launched(
+            &dir,
+            world,
+            &["--backend", "wgpu", "--zero-stage", stage, "--offload"],
+        );
+        assert_same_run_within(
+            &offloaded,
+            &on_device,
+            1e-5,
+            Some((1e-5, None)),
+            &format!("--offload vs the state in device memory, stage {stage}"),
+        );
+        for (d, o) in on_device.steps.iter().zip(&offloaded.steps) {
+            assert_eq!(
+                (o.bytes_to_host, o.bytes_to_device),
+                (d.bytes_to_host - 8 + shard, d.bytes_to_device - 48 + shard),
+                "--offload, stage {stage}, step {}",
+                o.step
+            );
+        }
+    }
+}

@@ -1,0 +1,287 @@
+//! ZeroAdam offloaded (`ZeroAdam::offloaded`, feature `device`): the model and the reducer on
+//! the device, the optimizer state (f32 master weights, moments) in host memory, stepped there
+//! by the host step (`burn_dist_kernels::host`, the same code as the host path's).
+//!
+//! Per step, at stages 1 and 2:
+//! 1. the gradient is reduced on the device as on the device path (stage 1: all-reduced in
+//!    full, this rank's pieces of it copied into one staging buffer on the device; stage 2:
+//!    reduce-scattered into the reducer's device shard); the shard is read to the host once
+//!    (`4 · shard_len` bytes) and its device buffer let go;
+//! 2. the host step unscales, checks, agrees, clips and updates, as on the host path;
+//! 3. the new master shard, rounded to the model's dtype as the host path rounds it, is
+//!    uploaded (`p · shard_len` bytes) and all-gathered device to device into the model's
+//!    tensors by the same code as the device path's (`crate::new_params`); the uploaded copy
+//!    goes once every parameter has its new values. A skipped step uploads and gathers
+//!    nothing: the parameters do not change.
+//!
+//! Between steps the device holds the parameters only: no master weights, no moments, no
+//! gradient shard, no model copy of the shard.
+//!
+//! A parameter replaced since the last step (a record loaded, `crate::loaded`) is read to the
+//! host by the host path's code, through Burn: those bytes are not in the traffic count, which
+//! is exact for every other step.
+//!
+//! Not done yet (docs/guide.md): stage 3, the copy down overlapped with backward (today it
+//! waits for the whole backward), page-locked host buffers on CUDA.
+
+use std::any::Any;
+use std::sync::Arc;
+
+use burn::module::AutodiffModule;
+use burn::optim::GradientsParams;
+use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::{DType, Shape, TensorData};
+use burn_cubecl::cubecl::Runtime;
+use burn_cubecl::cubecl::prelude::ComputeClient;
+use burn_cubecl::cubecl::server::Handle;
+use burn_dist::{CubeResident, ParamInfo, SyncHandle};
+use burn_dist_comm::HostBuffer;
+use burn_dist_device::{DeviceCollectives, DeviceDType, DeviceSlice, Traffic, download};
+use burn_dist_kernels::FusedAdam;
+
+use crate::error::{Result, ZeroError};
+use crate::flat::{FlatLayout, Piece};
+use crate::new_params::{NewParameters, ParamGather, WriteDeviceParams};
+use crate::resident::{GatherShard, GradientPieces, copy_piece, model_dtypes};
+
+/// What the offloaded step asks of the device, whatever the backend (ZeroAdam is not generic).
+pub(crate) trait OffloadState: GradientPieces + NewParameters + Send {
+    /// Stage 2: the reducer's gradient shard in device memory
+    /// (`Ddp::take_device_gradient_shard`), read by [`OffloadState::download_gradient`].
+    fn gradient_shard(&mut self, shard: Box<dyn Any>) -> Result<()>;
+    /// The step's gradient shard (`shard_len` f32) read to the host, its device buffer let go;
+    /// `None` when no piece of it was written (stage 1, no gradient for this rank's pieces).
+    fn download_gradient(&mut self) -> Result<Option<Vec<f32>>>;
+    /// Uploads this rank's new master weights, rounded to the model's dtype, which
+    /// [`NewParameters::parameter`] then gathers from.
+    fn upload_shard(&mut self, master: &[f32]) -> Result<()>;
+    /// Lets the uploaded shard go (every parameter has its new values, or the write-back
+    /// failed).
+    fn release_shard(&mut self);
+    /// Bytes between host and device so far (the collectives' and this state's).
+    fn traffic(&self) -> Traffic;
+    /// What runs it, for messages.
+    fn name(&self) -> String;
+}
+
+/// The device side of an offloaded ZeroAdam on backend `B`: only buffers that live within a
+/// step.
+pub(crate) struct Offloaded<B: CubeResident> {
+    collectives: Arc<dyn DeviceCollectives<B::Runtime>>,
+    client: ComputeClient<B::Runtime>,
+    layout: FlatLayout,
+    rank: usize,
+    /// The parameters' dtype (one for the whole model) and its device type.
+    dtype: DType,
+    device_dtype: DeviceDType,
+    gather: ParamGather<B>,
+    /// The step's f32 gradient shard on the device: stage 1's staging buffer, or stage 2's
+    /// reducer shard; `None` between steps.
+    grads: Option<Handle>,
+    /// The step's new shard in the model's dtype; `None` between steps.
+    model: Option<Handle>,
+}
+
+impl<B: CubeResident> Offloaded<B> {
+    /// `group_bytes`: how many bytes of new parameters one all-gather brings (the reducer's
+    /// bucket size).
+    pub(crate) fn new(
+        collectives: Arc<dyn DeviceCollectives<B::Runtime>>,
+        device: &B::Device,
+        layout: FlatLayout,
+        dtype: DType,
+        group_bytes: usize,
+    ) -> Result<Self> {
+        let device = B::cube_device(device);
+        let client = B::Runtime::client(&device);
+        // The same check of the model's dtype against the runtime as the device state's.
+        let (device_dtype, _) = model_dtypes::<B>(&FusedAdam::new(client.clone()), dtype)?;
+        let gather = ParamGather::new(
+            collectives.clone(),
+            client.clone(),
+            device,
+            layout.clone(),
+            (dtype, device_dtype),
+            group_bytes,
+        );
+        Ok(Offloaded {
+            rank: collectives.rank(),
+            collectives,
+            client,
+            layout,
+            dtype,
+            device_dtype,
+            gather,
+            grads: None,
+            model: None,
+        })
+    }
+
+    fn f32_shard(&self, handle: Handle) -> DeviceSlice<B::Runtime> {
+        DeviceSlice::new(
+            self.client.clone(),
+            handle,
+            0,
+            self.layout.shard_len,
+            DeviceDType::F32,
+        )
+    }
+}
+
+impl<B: CubeResident> GradientPieces for Offloaded<B> {
+    fn gradient_piece(&mut self, piece: &Piece, grad: &dyn Any) -> Result<()> {
+        let bytes = 4 * self.layout.shard_len;
+        let grads = self
+            .grads
+            .get_or_insert_with(|| self.client.empty(bytes))
+            .clone();
+        copy_piece::<B>(&self.f32_shard(grads), piece, grad, "a gradient", self.rank)
+    }
+}
+
+impl<B: CubeResident> NewParameters for Offloaded<B> {
+    fn parameter(&mut self, p: usize, shape: Shape) -> Result<Box<dyn Any>> {
+        let model = self
+            .model
+            .as_ref()
+            .expect("the offloaded step uploads the shard before it gathers");
+        self.gather.parameter(p, shape, model)
+    }
+}
+
+impl<B: CubeResident> OffloadState for Offloaded<B> {
+    fn gradient_shard(&mut self, shard: Box<dyn Any>) -> Result<()> {
+        let shard = shard
+            .downcast::<burn_cubecl::tensor::CubeTensor<B::Runtime>>()
+            .map_err(|_| ZeroError::WrongGradient {
+                expected: std::any::type_name::<burn_cubecl::tensor::CubeTensor<B::Runtime>>(),
+                got: "the reducer's gradient shard is of another runtime".into(),
+            })?;
+        let len = shard.meta.shape().num_elements();
+        if len != self.layout.shard_len || shard.dtype != DType::F32 || !shard.is_contiguous() {
+            return Err(ZeroError::WrongGradient {
+                expected: std::any::type_name::<burn_cubecl::tensor::CubeTensor<B::Runtime>>(),
+                got: format!(
+                    "the reducer's gradient shard ({len} elements of {:?}) does not fit this \
+                     rank's optimizer shard ({} f32)",
+                    shard.dtype, self.layout.shard_len
+                ),
+            });
+        }
+        self.grads = Some(shard.handle);
+        Ok(())
+    }
+
+    fn download_gradient(&mut self) -> Result<Option<Vec<f32>>> {
+        let Some(grads) = self.grads.take() else {
+            return Ok(None);
+        };
+        let shard = self.f32_shard(grads);
+        match download(&shard, self.collectives.traffic(), self.rank)? {
+            HostBuffer::F32(values) => Ok(Some(values)),
+            other => unreachable!("an f32 slice read as {}", other.dtype()),
+        }
+    }
+
+    fn upload_shard(&mut self, master: &[f32]) -> Result<()> {
+        // Rounded as the host path rounds the parameters it writes (`TensorData`'s
+        // conversion), so that the two write the same bits.
+        let data = TensorData::new(master.to_vec(), [master.len()]).convert_dtype(self.dtype);
+        let bytes = data.as_bytes();
+        debug_assert_eq!(
+            bytes.len(),
+            self.device_dtype.size() * self.layout.shard_len
+        );
+        self.collectives.traffic().to_device(bytes.len());
+        self.model = Some(self.client.create_from_slice(bytes));
+        Ok(())
+    }
+
+    fn release_shard(&mut self) {
+        self.model = None;
+        // After a failed write-back a group may be left; the next step gathers afresh.
+        self.gather.forget();
+    }
+
+    fn traffic(&self) -> Traffic {
+        self.collectives.traffic().get()
+    }
+
+    fn name(&self) -> String {
+        format!(
+            "{:?} ({}), state on the host",
+            self.client.properties().hardware,
+            self.collectives.name()
+        )
+    }
+}
+
+/// Step 1 of the offloaded step: this rank's shard of the averaged gradient, on the host, with
+/// which of its pieces had a gradient and which parameters did; everything outside the
+/// pieces that had one (padding, parameters without a gradient) is zero, as the host path's.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gradient_to_host<B: AutodiffBackend, M: AutodiffModule<B>>(
+    offload: &mut dyn OffloadState,
+    stage: u8,
+    params: &[ParamInfo],
+    pieces: &[Piece],
+    shard_len: usize,
+    model: &M,
+    grads: &GradientsParams,
+    sync: &SyncHandle,
+) -> Result<(Vec<f32>, Vec<bool>, Vec<bool>)> {
+    let has_grad = if stage >= 2 {
+        let (shard, used) = sync.take_device_gradient_shard()?;
+        offload.gradient_shard(shard)?;
+        used
+    } else {
+        let mut gather = GatherShard::<B> {
+            params,
+            pieces,
+            grads,
+            device: &mut *offload,
+            has_grad: vec![false; params.len()],
+            error: None,
+            _b: Default::default(),
+        };
+        model.visit(&mut gather);
+        if let Some(error) = gather.error {
+            return Err(error);
+        }
+        gather.has_grad
+    };
+    let present: Vec<bool> = pieces.iter().map(|p| has_grad[p.param]).collect();
+    let mut grad = vec![0.0f32; shard_len];
+    if let Some(read) = offload.download_gradient()? {
+        for piece in pieces.iter().zip(&present).filter(|(_, p)| **p) {
+            let range = piece.0.in_shard.clone();
+            grad[range.clone()].copy_from_slice(&read[range]);
+        }
+    }
+    Ok((grad, present, has_grad))
+}
+
+/// Step 4 of the offloaded step: the new master shard up to the device and every rank's new
+/// parameters into the model, device to device; nothing when the step was skipped.
+pub(crate) fn write_back<B: AutodiffBackend, M: AutodiffModule<B>>(
+    offload: &mut dyn OffloadState,
+    params: &[ParamInfo],
+    master: &[f32],
+    skipped: bool,
+    model: M,
+) -> Result<M> {
+    if skipped {
+        return Ok(model);
+    }
+    offload.upload_shard(master)?;
+    let mut write = WriteDeviceParams::<B> {
+        params,
+        device: &mut *offload,
+        error: None,
+        _b: Default::default(),
+    };
+    let model = model.map(&mut write);
+    let error = write.error;
+    offload.release_shard();
+    error.map_or(Ok(model), Err)
+}
