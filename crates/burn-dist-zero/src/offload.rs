@@ -39,16 +39,15 @@ use burn_dist_comm::HostBuffer;
 use burn_dist_device::{DeviceCollectives, DeviceDType, DeviceSlice, Traffic, download};
 use burn_dist_kernels::FusedAdam;
 
-use crate::error::{Result, ZeroError};
+use crate::error::Result;
 use crate::flat::{FlatLayout, Piece};
 use crate::new_params::{NewParameters, ParamGather, WriteDeviceParams};
-use crate::resident::{GatherShard, GradientPieces, copy_piece, model_dtypes};
+use crate::resident::{
+    DeviceGradient, copy_piece, gradient_on_device, model_dtypes, reducer_gradient_shard,
+};
 
 /// What the offloaded step asks of the device, whatever the backend (ZeroAdam is not generic).
-pub(crate) trait OffloadState: GradientPieces + NewParameters + Send {
-    /// Stage 2: the reducer's gradient shard in device memory
-    /// (`Ddp::take_device_gradient_shard`), read by [`OffloadState::download_gradient`].
-    fn gradient_shard(&mut self, shard: Box<dyn Any>) -> Result<()>;
+pub(crate) trait OffloadState: DeviceGradient + NewParameters + Send {
     /// The step's gradient shard (`shard_len` f32) read to the host, its device buffer let go;
     /// `None` when no piece of it was written (stage 1, no gradient for this rank's pieces).
     fn download_gradient(&mut self) -> Result<Option<Vec<f32>>>;
@@ -128,7 +127,7 @@ impl<B: CubeResident> Offloaded<B> {
     }
 }
 
-impl<B: CubeResident> GradientPieces for Offloaded<B> {
+impl<B: CubeResident> DeviceGradient for Offloaded<B> {
     fn gradient_piece(&mut self, piece: &Piece, grad: &dyn Any) -> Result<()> {
         let bytes = 4 * self.layout.shard_len;
         let grads = self
@@ -136,6 +135,12 @@ impl<B: CubeResident> GradientPieces for Offloaded<B> {
             .get_or_insert_with(|| self.client.empty(bytes))
             .clone();
         copy_piece::<B>(&self.f32_shard(grads), piece, grad, "a gradient", self.rank)
+    }
+
+    /// Read to the host by [`OffloadState::download_gradient`].
+    fn gradient_shard(&mut self, shard: Box<dyn Any>) -> Result<()> {
+        self.grads = Some(reducer_gradient_shard::<B>(shard, self.layout.shard_len)?);
+        Ok(())
     }
 }
 
@@ -150,28 +155,6 @@ impl<B: CubeResident> NewParameters for Offloaded<B> {
 }
 
 impl<B: CubeResident> OffloadState for Offloaded<B> {
-    fn gradient_shard(&mut self, shard: Box<dyn Any>) -> Result<()> {
-        let shard = shard
-            .downcast::<burn_cubecl::tensor::CubeTensor<B::Runtime>>()
-            .map_err(|_| ZeroError::WrongGradient {
-                expected: std::any::type_name::<burn_cubecl::tensor::CubeTensor<B::Runtime>>(),
-                got: "the reducer's gradient shard is of another runtime".into(),
-            })?;
-        let len = shard.meta.shape().num_elements();
-        if len != self.layout.shard_len || shard.dtype != DType::F32 || !shard.is_contiguous() {
-            return Err(ZeroError::WrongGradient {
-                expected: std::any::type_name::<burn_cubecl::tensor::CubeTensor<B::Runtime>>(),
-                got: format!(
-                    "the reducer's gradient shard ({len} elements of {:?}) does not fit this \
-                     rank's optimizer shard ({} f32)",
-                    shard.dtype, self.layout.shard_len
-                ),
-            });
-        }
-        self.grads = Some(shard.handle);
-        Ok(())
-    }
-
     fn download_gradient(&mut self) -> Result<Option<Vec<f32>>> {
         let Some(grads) = self.grads.take() else {
             return Ok(None);
@@ -230,26 +213,7 @@ pub(crate) fn gradient_to_host<B: AutodiffBackend, M: AutodiffModule<B>>(
     grads: &GradientsParams,
     sync: &SyncHandle,
 ) -> Result<(Vec<f32>, Vec<bool>, Vec<bool>)> {
-    let has_grad = if stage >= 2 {
-        let (shard, used) = sync.take_device_gradient_shard()?;
-        offload.gradient_shard(shard)?;
-        used
-    } else {
-        let mut gather = GatherShard::<B> {
-            params,
-            pieces,
-            grads,
-            device: &mut *offload,
-            has_grad: vec![false; params.len()],
-            error: None,
-            _b: Default::default(),
-        };
-        model.visit(&mut gather);
-        if let Some(error) = gather.error {
-            return Err(error);
-        }
-        gather.has_grad
-    };
+    let has_grad = gradient_on_device::<B, M>(stage, params, pieces, model, grads, sync, offload)?;
     let present: Vec<bool> = pieces.iter().map(|p| has_grad[p.param]).collect();
     let mut grad = vec![0.0f32; shard_len];
     if let Some(read) = offload.download_gradient()? {

@@ -20,11 +20,14 @@
 use std::any::Any;
 use std::sync::Arc;
 
+use burn::module::AutodiffModule;
+use burn::optim::GradientsParams;
+use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{DType, Shape};
 use burn_cubecl::cubecl::Runtime;
 use burn_cubecl::cubecl::server::Handle;
 use burn_cubecl::tensor::CubeTensor;
-use burn_dist::CubeResident;
+use burn_dist::{CubeResident, ParamInfo, SyncHandle};
 use burn_dist_device::{
     DeviceCollectives, DeviceDType, DeviceSlice, Traffic, TrafficCounter, copy, upload_into,
 };
@@ -37,16 +40,80 @@ use crate::new_params::{NewParameters, ParamGather};
 /// Bytes of the hyper-parameters `FusedAdam::update` uploads each step (nine f32).
 const HYPER_BYTES: usize = 9 * 4;
 
-/// Stage 1 on the device path: where the rank's pieces of the gradients are copied, on the
-/// device (the device state's gradient shard, or the offloaded state's staging of it).
-pub(crate) trait GradientPieces {
-    /// Copies `piece` of the parameter's gradient (`grad`, the backend's float primitive) into
-    /// the gradient shard, on the device.
+/// Where the rank's shard of the gradient lies on the device path, for either owner of the
+/// optimizer state (in device memory, `Resident`; offloaded, `crate::offload`): filled by
+/// [`gradient_on_device`].
+pub(crate) trait DeviceGradient {
+    /// Stage 1: copies `piece` of the parameter's gradient (`grad`, the backend's float
+    /// primitive) into the gradient shard, on the device.
     fn gradient_piece(&mut self, piece: &Piece, grad: &dyn Any) -> Result<()>;
+    /// Stage 2: the reducer's gradient shard in device memory
+    /// (`Ddp::take_device_gradient_shard`), which becomes the gradient shard as it is.
+    fn gradient_shard(&mut self, shard: Box<dyn Any>) -> Result<()>;
+}
+
+/// Step 1 on the device path: this rank's shard of the averaged gradient into `device` (the
+/// reducer's device shard at stage 2; this rank's pieces of each gradient copied at stage 1),
+/// and per parameter whether it had a gradient.
+pub(crate) fn gradient_on_device<B: AutodiffBackend, M: AutodiffModule<B>>(
+    stage: u8,
+    params: &[ParamInfo],
+    pieces: &[Piece],
+    model: &M,
+    grads: &GradientsParams,
+    sync: &SyncHandle,
+    device: &mut dyn DeviceGradient,
+) -> Result<Vec<bool>> {
+    if stage >= 2 {
+        let (shard, used) = sync.take_device_gradient_shard()?;
+        device.gradient_shard(shard)?;
+        return Ok(used);
+    }
+    let mut gather = GatherShard::<B> {
+        params,
+        pieces,
+        grads,
+        device,
+        has_grad: vec![false; params.len()],
+        error: None,
+        _b: Default::default(),
+    };
+    model.visit(&mut gather);
+    match gather.error {
+        Some(error) => Err(error),
+        None => Ok(gather.has_grad),
+    }
+}
+
+/// The reducer's gradient shard (`Ddp::take_device_gradient_shard`, behind `dyn Any`) as the
+/// buffer of an f32 shard of `shard_len` elements, checked to be one.
+pub(crate) fn reducer_gradient_shard<B: CubeResident>(
+    shard: Box<dyn Any>,
+    shard_len: usize,
+) -> Result<Handle> {
+    let shard =
+        shard
+            .downcast::<CubeTensor<B::Runtime>>()
+            .map_err(|_| ZeroError::WrongGradient {
+                expected: std::any::type_name::<CubeTensor<B::Runtime>>(),
+                got: "the reducer's gradient shard is of another runtime".into(),
+            })?;
+    let len = shard.meta.shape().num_elements();
+    if len != shard_len || shard.dtype != DType::F32 || !shard.is_contiguous() {
+        return Err(ZeroError::WrongGradient {
+            expected: std::any::type_name::<CubeTensor<B::Runtime>>(),
+            got: format!(
+                "the reducer's gradient shard ({len} elements of {:?}) does not fit this \
+                 rank's optimizer shard ({shard_len} f32)",
+                shard.dtype
+            ),
+        });
+    }
+    Ok(shard.handle)
 }
 
 /// What ZeroAdam asks of its device state, whatever the backend (ZeroAdam is not generic).
-pub(crate) trait ResidentState: GradientPieces + NewParameters + Send {
+pub(crate) trait ResidentState: DeviceGradient + NewParameters + Send {
     /// Stages 1 and 2: copies `piece` of a parameter's values (`param`, the backend's float
     /// primitive, in the model's dtype) into the master weights, converted to f32, on the
     /// device: a parameter replaced since the last step (`crate::loaded`).
@@ -54,9 +121,6 @@ pub(crate) trait ResidentState: GradientPieces + NewParameters + Send {
     /// Stage 3 below f32: copies `piece` of the model copy, which is the model's pieces (a
     /// record loaded wrote them), into the master weights, converted to f32.
     fn take_master_from_model_copy(&mut self, piece: &Piece) -> Result<()>;
-    /// Stage 2: the reducer's gradient shard in device memory (`Ddp::take_device_gradient_shard`),
-    /// which becomes the gradient buffer as it is.
-    fn gradient_shard(&mut self, shard: Box<dyn Any>) -> Result<()>;
     /// Pass 1 on the shard; this shard's (found_inf, sum of squares of the unscaled gradient).
     fn check(&mut self, inv_scale: f32) -> Result<(bool, f64)>;
     /// With every rank's agreed (found_inf, total sum of squares): finalize and update.
@@ -196,9 +260,15 @@ impl<B: CubeResident> Resident<B> {
     }
 }
 
-impl<B: CubeResident> GradientPieces for Resident<B> {
+impl<B: CubeResident> DeviceGradient for Resident<B> {
     fn gradient_piece(&mut self, piece: &Piece, grad: &dyn Any) -> Result<()> {
         self.copy_piece(piece, grad, "a gradient", &self.buffers.grads)
+    }
+
+    fn gradient_shard(&mut self, shard: Box<dyn Any>) -> Result<()> {
+        // The reducer hands it over: nothing else holds it, and pass 1 unscales it in place.
+        self.buffers.grads = reducer_gradient_shard::<B>(shard, self.layout.shard_len)?;
+        Ok(())
     }
 }
 
@@ -227,30 +297,6 @@ impl<B: CubeResident> ResidentState for Resident<B> {
             &master.range(piece.in_shard.clone()),
             self.rank,
         )?;
-        Ok(())
-    }
-
-    fn gradient_shard(&mut self, shard: Box<dyn Any>) -> Result<()> {
-        let shard =
-            shard
-                .downcast::<CubeTensor<B::Runtime>>()
-                .map_err(|_| ZeroError::WrongGradient {
-                    expected: std::any::type_name::<CubeTensor<B::Runtime>>(),
-                    got: "the reducer's gradient shard is of another runtime".into(),
-                })?;
-        let len = shard.meta.shape().num_elements();
-        if len != self.layout.shard_len || shard.dtype != DType::F32 || !shard.is_contiguous() {
-            return Err(ZeroError::WrongGradient {
-                expected: std::any::type_name::<CubeTensor<B::Runtime>>(),
-                got: format!(
-                    "the reducer's gradient shard ({len} elements of {:?}) does not fit this \
-                     rank's optimizer shard ({} f32)",
-                    shard.dtype, self.layout.shard_len
-                ),
-            });
-        }
-        // The reducer hands it over: nothing else holds it, and pass 1 unscales it in place.
-        self.buffers.grads = shard.handle;
         Ok(())
     }
 
@@ -399,7 +445,7 @@ pub(crate) struct GatherShard<'a, B: burn::tensor::backend::AutodiffBackend> {
     pub(crate) params: &'a [burn_dist::ParamInfo],
     pub(crate) pieces: &'a [Piece],
     pub(crate) grads: &'a burn::optim::GradientsParams,
-    pub(crate) device: &'a mut dyn GradientPieces,
+    pub(crate) device: &'a mut dyn DeviceGradient,
     /// Per parameter (all of them, not only this shard's): whether it had a gradient.
     pub(crate) has_grad: Vec<bool>,
     /// The first failure (a visitor cannot return one).

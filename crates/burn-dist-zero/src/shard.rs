@@ -720,26 +720,15 @@ impl Shard {
         replaced: &Replaced,
     ) -> Result<(M, StepReport)> {
         // 1. This rank's shard of the gradient, on the device.
-        let has_grad = if self.config.stage >= 2 {
-            let (shard, used) = sync.take_device_gradient_shard()?;
-            device.gradient_shard(shard)?;
-            used
-        } else {
-            let mut gather = crate::resident::GatherShard::<B> {
-                params: &self.params,
-                pieces: &self.pieces,
-                grads: &grads,
-                device: &mut *device,
-                has_grad: vec![false; self.params.len()],
-                error: None,
-                _b: Default::default(),
-            };
-            model.visit(&mut gather);
-            if let Some(error) = gather.error {
-                return Err(error);
-            }
-            gather.has_grad
-        };
+        let has_grad = crate::resident::gradient_on_device::<B, M>(
+            self.config.stage,
+            &self.params,
+            &self.pieces,
+            &model,
+            &grads,
+            sync,
+            &mut *device,
+        )?;
         if let Some(p) = has_grad.iter().position(|&h| !h) {
             return Err(ZeroError::MissingGradient {
                 param: self.params[p].name.clone(),
