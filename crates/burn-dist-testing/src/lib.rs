@@ -8,6 +8,8 @@ pub use burn_dist_models::*;
 
 #[cfg(feature = "device")]
 pub mod one_device;
+#[cfg(feature = "device")]
+pub mod placed;
 pub mod roll_back;
 
 /// Every float tensor's values as f32, in visit order.

@@ -62,20 +62,14 @@ pub enum ZeroError {
          at its default"
     )]
     Stage3Align { align: usize, model_align: usize },
-    /// `ZeroAdam::on_device` at stage 3 with a model whose pieces are in host memory.
+    /// `ZeroAdam::on_device` or `ZeroAdam::offloaded` (`asked`) at stage 3 with a model whose
+    /// pieces are in host memory.
     #[error(
-        "ZeroAdam::on_device at stage 3 needs the model's pieces in device memory: prepare the \
+        "ZeroAdam::{asked} at stage 3 needs the model's pieces in device memory: prepare the \
          model (`Ddp::prepare_sharded`) with a `Ddp` on the device path (`Ddp::init_staged`, \
          `Ddp::init_nccl`), or keep ZeroAdam on the host"
     )]
-    Stage3OnDevice,
-    /// `ZeroAdam::offloaded` at stage 3, which it does not do yet.
-    #[error(
-        "ZeroAdam::offloaded keeps the state on the host at ZeRO stages 1 and 2; stage 3 offload \
-         is not done yet: keep its state in device memory (`ZeroAdam::on_device`) or on the host \
-         path"
-    )]
-    OffloadStage3,
+    Stage3OnDevice { asked: &'static str },
     /// `ZeroAdam::on_device` or `ZeroAdam::offloaded` on a state already placed by one of them.
     #[error(
         "ZeroAdam's state is already {placed}; `ZeroAdam::{asked}` would place it again: call one \

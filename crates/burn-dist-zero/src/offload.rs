@@ -14,15 +14,21 @@
 //!    goes once every parameter has its new values. A skipped step uploads and gathers
 //!    nothing: the parameters do not change.
 //!
-//! Between steps the device holds the parameters only: no master weights, no moments, no
-//! gradient shard, no model copy of the shard.
+//! At stage 3 the model's pieces are this rank's shard, in device memory
+//! (`ParamShards::device_shard`): step 1 reads the reducer's device shard down as at stage 2,
+//! and step 3 writes the new shard, rounded to the model's dtype, into the pieces
+//! (`ParamShards::write_shard`, `p · shard_len` bytes up); nothing is gathered (the next forward
+//! gathers), so the upload and the all-gather of step 3 above are not run.
+//!
+//! Between steps the device holds the parameters only (at stage 3, this rank's pieces of them):
+//! no master weights, no moments, no gradient shard, no model copy of the shard.
 //!
 //! A parameter replaced since the last step (a record loaded, `crate::loaded`) is read to the
 //! host by the host path's code, through Burn: those bytes are not in the traffic count, which
 //! is exact for every other step.
 //!
-//! Not done yet (docs/guide.md): stage 3, the copy down overlapped with backward (today it
-//! waits for the whole backward), page-locked host buffers on CUDA.
+//! Not done yet (docs/guide.md): the copy down overlapped with backward (today it waits for the
+//! whole backward), page-locked host buffers on CUDA.
 
 use std::any::Any;
 use std::sync::Arc;

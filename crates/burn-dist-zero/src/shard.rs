@@ -204,7 +204,10 @@ impl Shard {
         // Stage 3: the step updates the model's pieces in device memory, where they must be.
         let stage3 = match &self.shards {
             Some(shards) => Some(crate::resident::Stage3Pieces(
-                shards.device_shard().ok_or(ZeroError::Stage3OnDevice)?.0,
+                shards
+                    .device_shard()
+                    .ok_or(ZeroError::Stage3OnDevice { asked: "on_device" })?
+                    .0,
             )),
             None => None,
         };
@@ -243,8 +246,12 @@ impl Shard {
         device: &D::Device,
     ) -> Result<()> {
         self.check_not_placed("offloaded")?;
-        if self.shards.is_some() {
-            return Err(ZeroError::OffloadStage3);
+        // Stage 3: the step writes the new shard into the model's pieces, which must be in
+        // device memory (the host path's pieces are already beside the host state).
+        if let Some(shards) = &self.shards {
+            shards
+                .device_shard()
+                .ok_or(ZeroError::Stage3OnDevice { asked: "offloaded" })?;
         }
         let collectives =
             ddp.device_collectives::<D::Runtime>()

@@ -121,17 +121,19 @@ impl ZeroAdam {
     /// and the reducer live in the device memory of backend `D` (a burn-cubecl backend, fusion
     /// on or off, with `ddp` on the device path: `Ddp::init_nccl::<D>`, `Ddp::init_staged::<D>`):
     /// the alternative to [`ZeroAdam::on_device`] when the state does not fit the device.
-    /// ZeRO stages 1 and 2.
+    /// ZeRO stages 1 to 3.
     ///
     /// Each step the gradient is reduced on the device as with `on_device`, this rank's shard
     /// of it is read to the host once (`4 · shard_len` bytes), the host step updates the state
     /// (the host path's step: clipping, loss scaling and per-parameter step counts included),
-    /// and the new shard in the model's dtype goes back up (`p · shard_len` bytes) to be
-    /// all-gathered device to device into the model, as with `on_device`. Between steps the
-    /// device holds only the parameters. All parameters must share one dtype.
+    /// and the new shard in the model's dtype goes back up (`p · shard_len` bytes): at stages 1
+    /// and 2 to be all-gathered device to device into the model, as with `on_device`; at stage
+    /// 3 into the model's pieces, which must be in device memory (a model prepared with
+    /// `Ddp::prepare_sharded` on the device path; otherwise [`ZeroError::Stage3OnDevice`]).
+    /// Between steps the device holds only the parameters (at stage 3, this rank's pieces of
+    /// them). All parameters must share one dtype.
     ///
-    /// Not yet: stage 3 ([`ZeroError::OffloadStage3`]), and the copy down overlapped with
-    /// backward (it runs after it).
+    /// Not yet: the copy down overlapped with backward (it runs after it).
     #[cfg(feature = "device")]
     pub fn offloaded<D: burn_dist::CubeResident>(
         self,

@@ -1,6 +1,7 @@
 //! ZeroAdam offloaded (`ZeroAdam::offloaded`): the model and the reducer on the device (Burn's
 //! `Wgpu`, fusion on, over Mesa's lavapipe, with the staged device collectives), the optimizer
-//! state on the host, stepped by the host step. At ZeRO stages 1 and 2, 1 to 3 thread ranks:
+//! state on the host, stepped by the host step. At ZeRO stages 1 to 3 (stage 3: the model's
+//! pieces in device memory, `DistributedBackend<Wgpu, Sharded>`), 1 to 3 thread ranks:
 //! - it equals ZeroAdam with its state in device memory (`on_device`) to 1e-5 (the fused
 //!   kernels and the host step round differently in a few operations);
 //! - it equals the host path on the same device bit for bit: the gradient is reduced in the
@@ -8,30 +9,36 @@
 //!   step, and the new parameters are rounded by the same conversion;
 //! - f16 parameters under loss scaling skip the same steps as on the device;
 //! - the bytes between host and device per step are exactly the formula's;
-//! - a state exported with offload imports without it and back, and the run goes on.
+//! - a state exported with offload imports without it and back, and the run goes on; a
+//!   sharded checkpoint written offloaded resumes at other world sizes, with and without;
+//! - a record kept in memory and loaded back is trained on from its values.
 //!
 //! Device memory against the formula: tests/device_memory.rs.
 
 use burn::backend::Autodiff;
-use burn::module::{AutodiffModule, Module};
 use burn::tensor::FloatDType;
-use burn::tensor::backend::AutodiffBackend;
-use burn_dist::{Ddp, DdpConfig, DistributedBackend, FlatLayout, GradScalerConfig, ReducerStats};
-use burn_dist_comm::testing::run_ranks;
+use burn_dist::{
+    Ddp, DdpConfig, DistributedAutodiff, DistributedBackend, FlatLayout, GradScalerConfig,
+    ReducerStats, ShardStats, Sharded,
+};
 use burn_dist_comm::{CommConfig, HostCommunicator};
+use burn_dist_testing::placed::{Place, Placed, placed_ranks};
 use burn_dist_testing::roll_back::{
     AfterLoad, RolledBack, assert_trained_on_from_the_load, roll_back,
 };
 use burn_dist_testing::{
-    BurnAdamW, Cast, MLP_SIZES, Mlp, OptimizerKind, Stepper, Synthetic, assert_close, parameters,
-    shard_rows, synthetic_rows, train_ranks, train_ranks_with, zero_mlp_step,
+    MLP_SIZES, Mlp, Synthetic, assert_close, parameters, shard_rows, synthetic_rows, train_ranks,
+    train_ranks_with, zero_mlp_step,
 };
 use burn_dist_zero::{ZeroAdam, ZeroAdamConfig, ZeroError};
 use burn_wgpu::{Wgpu, WgpuDevice};
 
-/// The device path's twin.
+/// The device path's twin at stages 1 and 2.
 type OnWgpu = Autodiff<DistributedBackend<Wgpu>>;
+/// The device path's twin at stage 3: the model's pieces in device memory.
+type ShardedOnWgpu = Autodiff<DistributedBackend<Wgpu, Sharded>>;
 
+const STAGES: [u8; 3] = [1, 2, 3];
 const STEPS: usize = 6;
 const LR: f64 = 1e-2;
 const GLOBAL_BATCH: usize = 12;
@@ -39,52 +46,35 @@ const GLOBAL_BATCH: usize = 12;
 /// operations (the bias corrections' powers, the square root's rounding).
 const TOLERANCE: f64 = 1e-5;
 
-/// Where ZeroAdam's state lives beside a model on the wgpu device.
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Place {
-    /// In device memory (`on_device`).
-    Device,
-    /// On the host (`offloaded`).
-    Offloaded,
-}
-
-impl Place {
-    fn apply(self, zero: ZeroAdam, ddp: &Ddp, device: &WgpuDevice) -> ZeroAdam {
-        match self {
-            Place::Device => zero.on_device::<Wgpu>(ddp, device),
-            Place::Offloaded => zero.offloaded::<Wgpu>(ddp, device),
+/// `$f::<B>(args)` with `B` the backend of ZeRO stage `$stage` on wgpu: sharded at stage 3.
+macro_rules! at_stage {
+    ($stage:expr, $f:ident($($arg:expr),* $(,)?)) => {
+        match $stage {
+            3 => $f::<ShardedOnWgpu>($($arg),*),
+            _ => $f::<OnWgpu>($($arg),*),
         }
-        .expect("ZeroAdam placed beside a wgpu model")
-    }
+    };
 }
 
-/// ZeroAdam with a config, placed once built.
-struct Placed(ZeroAdamConfig, Place);
-
-impl OptimizerKind for Placed {
-    fn build<A, M>(&self, ddp: &Ddp, model: &M) -> Box<dyn Stepper<A, M>>
-    where
-        A: AutodiffBackend,
-        M: AutodiffModule<A> + 'static,
-    {
-        let zero = self.0.init::<A, M>(ddp, model).expect("ZeroAdam");
-        Box::new(self.1.apply(zero, ddp, &WgpuDevice::default()))
-    }
-}
-
-/// `world` ranks on wgpu with the reducer on the device path, ZeroAdam placed at `place`.
-fn train_staged(
+/// `world` ranks on wgpu with the reducer on the device path, ZeroAdam placed at `place`, on
+/// backend `B` (`at_stage!`).
+fn train_staged_on<B: DistributedAutodiff<Device = WgpuDevice>>(
     world: usize,
     config: ZeroAdamConfig,
     place: Place,
 ) -> Vec<(Vec<Vec<f32>>, ReducerStats)> {
     burn_dist_kernels::testing::wgpu_client();
     let device = WgpuDevice::default();
-    train_ranks_with::<OnWgpu>(
+    let placed = Placed::<Wgpu> {
+        config,
+        place,
+        device: device.clone(),
+    };
+    train_ranks_with::<B>(
         world,
         |comm| Ddp::for_thread_staged::<Wgpu>(comm, DdpConfig::new(), &device),
         Synthetic::Mlp,
-        &Placed(config, place),
+        &placed,
         STEPS,
         GLOBAL_BATCH,
         LR,
@@ -92,9 +82,58 @@ fn train_staged(
     )
 }
 
+/// [`train_staged_on`] on the backend of `config`'s stage.
+fn train_staged(
+    world: usize,
+    config: ZeroAdamConfig,
+    place: Place,
+) -> Vec<(Vec<Vec<f32>>, ReducerStats)> {
+    at_stage!(config.stage, train_staged_on(world, config, place))
+}
+
+/// The host path (`Ddp::for_thread`: each gradient read to the host, reduced by the host
+/// collectives, the host step, the new parameters written from the host; at stage 3 the pieces
+/// in host memory) on the same wgpu device, on backend `B`.
+fn train_host_path<B: DistributedAutodiff<Device = WgpuDevice>>(
+    world: usize,
+    config: ZeroAdamConfig,
+) -> Vec<Vec<Vec<f32>>> {
+    burn_dist_kernels::testing::wgpu_client();
+    train_ranks::<B>(
+        world,
+        &DdpConfig::new(),
+        Synthetic::Mlp,
+        &config,
+        STEPS,
+        GLOBAL_BATCH,
+        LR,
+        &WgpuDevice::default(),
+    )
+}
+
+/// One step of the test MLP on this rank's rows of batch `step`, in f32.
+fn mlp_step<B: burn::tensor::backend::AutodiffBackend<Device = WgpuDevice>>(
+    ddp: &mut Ddp,
+    model: Mlp<B>,
+    zero: &mut ZeroAdam,
+    (rank, world, step): (usize, usize, usize),
+) -> Mlp<B> {
+    let at = (rank, world, step);
+    let device = WgpuDevice::default();
+    zero_mlp_step(
+        ddp,
+        model,
+        zero,
+        at,
+        (GLOBAL_BATCH, LR),
+        FloatDType::F32,
+        &device,
+    )
+}
+
 #[test]
-fn offloaded_step_equals_the_device_step_at_stages_1_and_2() {
-    for stage in [1, 2] {
+fn offloaded_step_equals_the_device_step_at_stages_1_to_3() {
+    for stage in STAGES {
         for world in [1, 2, 3] {
             let config = ZeroAdamConfig::new().with_stage(stage);
             let device = train_staged(world, config.clone(), Place::Device);
@@ -120,29 +159,16 @@ fn offloaded_step_equals_the_device_step_at_stages_1_and_2() {
     }
 }
 
-/// The host path (`Ddp::for_thread`: each gradient read to the host, reduced by the host
-/// collectives, the host step, the new parameters written from the host) on the same wgpu
-/// device: the same arithmetic as the offloaded step, in the same order, so the same bits.
-/// With clipping, which the host step does on both.
+/// The host path on the same wgpu device: the same arithmetic as the offloaded step, in the
+/// same order, so the same bits. With clipping, which the host step does on both.
 #[test]
 fn offloaded_step_equals_the_host_path_bit_for_bit() {
-    let device = WgpuDevice::default();
-    burn_dist_kernels::testing::wgpu_client();
-    for stage in [1, 2] {
+    for stage in STAGES {
         for world in [1, 2, 3] {
             let config = ZeroAdamConfig::new()
                 .with_stage(stage)
                 .with_max_grad_norm(Some(0.05));
-            let host = train_ranks::<OnWgpu>(
-                world,
-                &DdpConfig::new(),
-                Synthetic::Mlp,
-                &config.clone(),
-                STEPS,
-                GLOBAL_BATCH,
-                LR,
-                &device,
-            );
+            let host = at_stage!(stage, train_host_path(world, config.clone()));
             let offloaded = train_staged(world, config, Place::Offloaded);
             for (rank, (host, (offloaded, _))) in host.iter().zip(&offloaded).enumerate() {
                 assert!(
@@ -155,6 +181,14 @@ fn offloaded_step_equals_the_host_path_bit_for_bit() {
     }
 }
 
+/// The model's element counts, per parameter.
+fn mlp_numels() -> Vec<usize> {
+    MLP_SIZES
+        .windows(2)
+        .flat_map(|w| [w[0] * w[1], w[1]])
+        .collect()
+}
+
 /// Per step and rank, with Ψ the model's elements, S the rank's shard (its padded length) and
 /// O the elements it owns (f32 everywhere): the reducer stages every gradient down (4Ψ) and at
 /// stage 1 every reduced gradient back up (4Ψ), at stage 2 only this rank's owned elements
@@ -163,18 +197,7 @@ fn offloaded_step_equals_the_host_path_bit_for_bit() {
 /// others' up (4(Ψ − O)). No scalar crosses: the agreement is the host's.
 #[test]
 fn offloaded_step_moves_the_gradient_shard_down_and_the_new_shard_up_exactly() {
-    let reference = train_ranks::<burn::backend::Autodiff<DistributedBackend<burn_flex::Flex>>>(
-        1,
-        &DdpConfig::new(),
-        Synthetic::Mlp,
-        &BurnAdamW,
-        1,
-        GLOBAL_BATCH,
-        LR,
-        &burn_flex::FlexDevice,
-    )
-    .remove(0);
-    let numels: Vec<usize> = reference.iter().map(Vec::len).collect();
+    let numels = mlp_numels();
     let total = numels.iter().sum::<usize>() as u64;
     for (stage, world) in [(1, 1), (1, 3), (2, 1), (2, 3)] {
         let flat = FlatLayout::new(&numels, world, 4);
@@ -206,6 +229,51 @@ fn offloaded_step_moves_the_gradient_shard_down_and_the_new_shard_up_exactly() {
     }
 }
 
+/// Stage 3, per rank, with Ψ, S and O as at stages 1 and 2 (S of the sharded model's layout):
+/// once, the shard up when the model is prepared and down when ZeroAdam is built (4S each);
+/// per step, every gradient down and this rank's reduced pieces up (4Ψ, 4O), the gradient
+/// shard down (4S) and the new shard up into the model's pieces (4S), no all-gather of new
+/// parameters (the next forward gathers), no scalar; and what the ops' gathers and the final
+/// reads moved (`ShardStats`: the parameters' bytes per gather, and Ψ read at the end).
+#[test]
+fn offloaded_stage_three_moves_the_shards_and_what_the_gathers_need_exactly() {
+    let numels = mlp_numels();
+    let total = numels.iter().sum::<usize>() as u64;
+    let device = WgpuDevice::default();
+    burn_dist_kernels::testing::wgpu_client();
+    for world in [1, 3] {
+        let flat = FlatLayout::new(&numels, world, burn_dist::SHARD_ALIGN);
+        let s = flat.shard_len as u64;
+        let ranks: Vec<(ReducerStats, ShardStats)> = placed_ranks::<ShardedOnWgpu, Wgpu, _>(
+            world,
+            &DdpConfig::new(),
+            (3, Place::Offloaded),
+            FloatDType::F32,
+            &device,
+            &|rank, ddp, mut model, zero| {
+                for step in 0..STEPS {
+                    model = mlp_step(ddp, model, zero, (rank, world, step));
+                }
+                parameters::<ShardedOnWgpu, _>(&model);
+                (ddp.stats(), ddp.shard_stats().expect("a sharded model"))
+            },
+        );
+        for (rank, (reducer, shards)) in ranks.iter().enumerate() {
+            let range = flat.shard(rank);
+            let owned = (total as usize).min(range.end).saturating_sub(range.start) as u64;
+            let gathered = shards.gathered_bytes + shards.unused_bytes + 4 * total;
+            let expected = 2 * 4 * s + STEPS as u64 * (4 * total + 4 * owned + 2 * 4 * s);
+            assert_eq!(
+                reducer.bytes_to_host + reducer.bytes_to_device,
+                expected + gathered,
+                "{world} ranks, rank {rank}: bytes between host and device ({} down, {} up)",
+                reducer.bytes_to_host,
+                reducer.bytes_to_device,
+            );
+        }
+    }
+}
+
 /// f16 parameters under loss scaling from a scale too large for f16: the scaled loss and its
 /// gradients overflow in the model's dtype until the scale has backed off, and again after it
 /// has grown.
@@ -213,9 +281,9 @@ fn offloaded_step_moves_the_gradient_shard_down_and_the_new_shard_up_exactly() {
 /// with the same scale, and parameters equal to f16's rounding.
 #[test]
 fn f16_with_loss_scaling_skips_the_same_steps_offloaded_as_on_the_device() {
-    for stage in [1, 2] {
-        let device = train_f16_scaled(stage, Place::Device);
-        let offloaded = train_f16_scaled(stage, Place::Offloaded);
+    for stage in STAGES {
+        let device = at_stage!(stage, train_f16_scaled(stage, Place::Device));
+        let offloaded = at_stage!(stage, train_f16_scaled(stage, Place::Offloaded));
         let what = format!("stage {stage}");
         let skips = &device[0].1;
         assert!(
@@ -239,95 +307,92 @@ fn f16_with_loss_scaling_skips_the_same_steps_offloaded_as_on_the_device() {
     }
 }
 
-/// Two ranks, an f16 MLP on wgpu, 10 steps through a GradScaler starting at 2^18 (growth
-/// every 2 clean steps). Per rank: the parameters, which steps were skipped, the final scale.
-fn train_f16_scaled(stage: u8, place: Place) -> Vec<(Vec<Vec<f32>>, Vec<bool>, f32)> {
+/// Two ranks, an f16 MLP on wgpu on backend `B`, 10 steps through a GradScaler starting at 2^18
+/// (growth every 2 clean steps). Per rank: the parameters, which steps were skipped, the final
+/// scale.
+fn train_f16_scaled<B: DistributedAutodiff<Device = WgpuDevice>>(
+    stage: u8,
+    place: Place,
+) -> Vec<(Vec<Vec<f32>>, Vec<bool>, f32)> {
     burn_dist_kernels::testing::wgpu_client();
     let (world, f16) = (2, FloatDType::F16);
     let device = WgpuDevice::default();
-    let comms = HostCommunicator::local_group(world, &CommConfig::default());
-    run_ranks(comms, |rank, comm| {
-        let mut ddp = Ddp::for_thread_staged::<Wgpu>(comm, DdpConfig::new(), &device);
-        let model = Mlp::<OnWgpu>::new(&MLP_SIZES, 7, &device).map(&mut Cast(f16));
-        let mut model = ddp.prepare(model).unwrap();
-        let zero = ZeroAdamConfig::new()
-            .with_stage(stage)
-            .init::<OnWgpu, _>(&ddp, &model)
-            .unwrap();
-        let mut zero = place.apply(zero, &ddp, &device);
-        let mut scaler = GradScalerConfig::new()
-            .with_init_scale(262_144.0)
-            .with_growth_interval(2)
-            .init();
-        let mut skipped = Vec::new();
-        for step in 0..10 {
-            let [input, .., output] = MLP_SIZES;
-            let rows = shard_rows(GLOBAL_BATCH, rank, world);
-            let x =
-                synthetic_rows::<OnWgpu, 2>(0, step, [GLOBAL_BATCH, input], rows.clone(), &device);
-            let y = synthetic_rows::<OnWgpu, 2>(1, step, [GLOBAL_BATCH, output], rows, &device);
-            let loss = (model.forward(x.cast(f16)) - y.cast(f16))
-                .powi_scalar(2)
-                .mean();
-            let grads = ddp
-                .backward(scaler.scale_loss(loss), &model)
-                .unwrap()
-                .unwrap();
-            let (next, report) = zero
-                .step_scaled(LR, model, grads, &ddp, &mut scaler)
-                .unwrap();
-            model = next;
-            skipped.push(report.skipped);
-        }
-        eprintln!("stage {stage}, {place:?}, rank {rank}: skipped {skipped:?}");
-        (parameters::<OnWgpu, _>(&model), skipped, scaler.scale())
-    })
+    placed_ranks::<B, Wgpu, _>(
+        world,
+        &DdpConfig::new(),
+        (stage, place),
+        f16,
+        &device,
+        &|rank, ddp, mut model, zero| {
+            let mut scaler = GradScalerConfig::new()
+                .with_init_scale(262_144.0)
+                .with_growth_interval(2)
+                .init();
+            let mut skipped = Vec::new();
+            for step in 0..10 {
+                let [input, .., output] = MLP_SIZES;
+                let rows = shard_rows(GLOBAL_BATCH, rank, world);
+                let x =
+                    synthetic_rows::<B, 2>(0, step, [GLOBAL_BATCH, input], rows.clone(), &device);
+                let y = synthetic_rows::<B, 2>(1, step, [GLOBAL_BATCH, output], rows, &device);
+                let loss = (model.forward(x.cast(f16)) - y.cast(f16))
+                    .powi_scalar(2)
+                    .mean();
+                let grads = ddp
+                    .backward(scaler.scale_loss(loss), &model)
+                    .unwrap()
+                    .unwrap();
+                let (next, report) = zero
+                    .step_scaled(LR, model, grads, ddp, &mut scaler)
+                    .unwrap();
+                model = next;
+                skipped.push(report.skipped);
+            }
+            eprintln!("stage {stage}, {place:?}, rank {rank}: skipped {skipped:?}");
+            (parameters::<B, _>(&model), skipped, scaler.scale())
+        },
+    )
 }
 
 /// A rank's end of [`resumed`]: its parameters, and whether the import was exact.
 type Resumed = (Vec<Vec<f32>>, bool);
 
-/// Two ranks at `stage`: 3 steps with the state at `first`, its export (each rank's shard)
-/// imported into a fresh ZeroAdam at `then`, 3 more steps. Per rank: the final parameters,
-/// and whether the state read back right after the import was the exported one exactly.
-fn resumed(stage: u8, first: Place, then: Place) -> Vec<Resumed> {
+/// Two ranks at `stage` on backend `B`: 3 steps with the state at `first`, its export (each
+/// rank's shard) imported into a fresh ZeroAdam at `then`, 3 more steps. Per rank: the final
+/// parameters, and whether the state read back right after the import was the exported one
+/// exactly.
+fn resumed<B: DistributedAutodiff<Device = WgpuDevice>>(
+    stage: u8,
+    first: Place,
+    then: Place,
+) -> Vec<Resumed> {
     burn_dist_kernels::testing::wgpu_client();
-    let (world, f32) = (2, FloatDType::F32);
+    let world = 2;
     let device = WgpuDevice::default();
-    let comms = HostCommunicator::local_group(world, &CommConfig::default());
-    run_ranks(comms, |rank, comm| {
-        let mut ddp = Ddp::for_thread_staged::<Wgpu>(comm, DdpConfig::new(), &device);
-        let mut model = ddp
-            .prepare(Mlp::<OnWgpu>::new(&MLP_SIZES, 7, &device))
-            .unwrap();
-        let config = ZeroAdamConfig::new().with_stage(stage);
-        let build = |ddp: &Ddp, model: &Mlp<OnWgpu>, place: Place| {
-            place.apply(config.init::<OnWgpu, _>(ddp, model).unwrap(), ddp, &device)
-        };
-        let mut zero = build(&ddp, &model, first);
-        let step = |ddp: &mut Ddp, zero: &mut ZeroAdam, model, s| {
-            zero_mlp_step(
-                ddp,
-                model,
-                zero,
-                (rank, world, s),
-                (GLOBAL_BATCH, LR),
-                f32,
-                &device,
-            )
-        };
-        for s in 0..3 {
-            model = step(&mut ddp, &mut zero, model, s);
-        }
-        let saved = zero.export();
-        let mut zero = build(&ddp, &model, then);
-        zero.import(saved.clone()).unwrap();
-        let exact = zero.export() == saved;
-        for s in 3..6 {
-            model = step(&mut ddp, &mut zero, model, s);
-        }
-        (parameters::<OnWgpu, _>(&model), exact)
-    })
+    placed_ranks::<B, Wgpu, _>(
+        world,
+        &DdpConfig::new(),
+        (stage, first),
+        FloatDType::F32,
+        &device,
+        &|rank, ddp, mut model, zero| {
+            for s in 0..3 {
+                model = mlp_step(ddp, model, zero, (rank, world, s));
+            }
+            let saved = zero.export();
+            let fresh = ZeroAdamConfig::new()
+                .with_stage(stage)
+                .init::<B, _>(ddp, &model)
+                .unwrap();
+            let mut zero = then.apply::<Wgpu>(fresh, ddp, &device).unwrap();
+            zero.import(saved.clone()).unwrap();
+            let exact = zero.export() == saved;
+            for s in 3..6 {
+                model = mlp_step(ddp, model, &mut zero, (rank, world, s));
+            }
+            (parameters::<B, _>(&model), exact)
+        },
+    )
 }
 
 /// A state saved with offload loads without it (into device memory) and back: nothing of it
@@ -337,7 +402,7 @@ fn resumed(stage: u8, first: Place, then: Place) -> Vec<Resumed> {
 #[test]
 fn a_state_saved_offloaded_resumes_on_the_device_and_back() {
     use Place::{Device, Offloaded};
-    for stage in [1, 2] {
+    for stage in STAGES {
         let what = |first: Place, then: Place| format!("stage {stage}, {first:?} then {then:?}");
         let runs: Vec<((Place, Place), Vec<Resumed>)> = [
             (Offloaded, Offloaded),
@@ -346,7 +411,7 @@ fn a_state_saved_offloaded_resumes_on_the_device_and_back() {
             (Device, Device),
         ]
         .into_iter()
-        .map(|(a, b)| ((a, b), resumed(stage, a, b)))
+        .map(|(a, b)| ((a, b), at_stage!(stage, resumed(stage, a, b))))
         .collect();
         for ((first, then), ranks) in &runs {
             for (rank, (params, exact)) in ranks.iter().enumerate() {
@@ -355,11 +420,7 @@ fn a_state_saved_offloaded_resumes_on_the_device_and_back() {
                 assert!(params == &ranks[0].0, "{what}: rank {rank} differs");
             }
         }
-        let uninterrupted = |place| {
-            train_staged(2, ZeroAdamConfig::new().with_stage(stage), place)
-                .remove(0)
-                .0
-        };
+        let uninterrupted = |place| at_stage!(stage, uninterrupted_mlp(stage, place));
         let (offloaded, on_device) = (uninterrupted(Offloaded), uninterrupted(Device));
         assert!(
             runs[0].1[0].0 == offloaded,
@@ -381,11 +442,35 @@ fn a_state_saved_offloaded_resumes_on_the_device_and_back() {
     }
 }
 
-/// `world` ranks at `stage` with ZeroAdam at `place`: from a fresh model, or from the
-/// checkpoint `from` (a sharded checkpoint of `burn_dist_zero::checkpoint`, of any world size),
-/// the steps `steps` of the synthetic MLP task; with `save_to`, a checkpoint of the step after
-/// the last one is written there. Per rank: the final parameters.
-fn train_checkpointed(
+/// Two ranks, 6 uninterrupted steps of [`mlp_step`] at `stage` with ZeroAdam at `place`:
+/// rank 0's final parameters.
+fn uninterrupted_mlp<B: DistributedAutodiff<Device = WgpuDevice>>(
+    stage: u8,
+    place: Place,
+) -> Vec<Vec<f32>> {
+    burn_dist_kernels::testing::wgpu_client();
+    let world = 2;
+    placed_ranks::<B, Wgpu, _>(
+        world,
+        &DdpConfig::new(),
+        (stage, place),
+        FloatDType::F32,
+        &WgpuDevice::default(),
+        &|rank, ddp, mut model, zero| {
+            for s in 0..6 {
+                model = mlp_step(ddp, model, zero, (rank, world, s));
+            }
+            parameters::<B, _>(&model)
+        },
+    )
+    .remove(0)
+}
+
+/// `world` ranks at `stage` on backend `B` with ZeroAdam at `place`: from a fresh model, or
+/// from the checkpoint `from` (a sharded checkpoint of `burn_dist_zero::checkpoint`, of any
+/// world size), the steps `steps` of the synthetic MLP task; with `save_to`, a checkpoint of
+/// the step after the last one is written there. Per rank: the final parameters.
+fn train_checkpointed<B: DistributedAutodiff<Device = WgpuDevice>>(
     (world, stage, place): (usize, u8, Place),
     from: Option<&std::path::Path>,
     steps: std::ops::Range<usize>,
@@ -393,43 +478,28 @@ fn train_checkpointed(
 ) -> Vec<Vec<Vec<f32>>> {
     use burn_dist_zero::{TrainingState, checkpoint};
     burn_dist_kernels::testing::wgpu_client();
-    let device = WgpuDevice::default();
-    let comms = HostCommunicator::local_group(world, &CommConfig::default());
-    run_ranks(comms, |rank, comm| {
-        let mut ddp = Ddp::for_thread_staged::<Wgpu>(comm, DdpConfig::new(), &device);
-        let mut model = ddp
-            .prepare(Mlp::<OnWgpu>::new(&MLP_SIZES, 7, &device))
-            .unwrap();
-        let zero = ZeroAdamConfig::new()
-            .with_stage(stage)
-            .init::<OnWgpu, _>(&ddp, &model)
-            .unwrap();
-        let mut zero = place.apply(zero, &ddp, &device);
-        if let Some(dir) = from {
-            let dir = checkpoint::latest(dir).unwrap().expect("a checkpoint");
-            model = checkpoint::load::<OnWgpu, _>(dir, &ddp, model, &mut zero)
-                .unwrap()
-                .0;
-        }
-        let f32 = FloatDType::F32;
-        let end = steps.end;
-        for s in steps.clone() {
-            model = zero_mlp_step(
-                &mut ddp,
-                model,
-                &mut zero,
-                (rank, world, s),
-                (GLOBAL_BATCH, LR),
-                f32,
-                &device,
-            );
-        }
-        if let Some(root) = save_to {
-            let state = TrainingState::new(end as u64, (end * GLOBAL_BATCH) as u64);
-            checkpoint::save(root, &ddp, &model, &zero, &state).unwrap();
-        }
-        parameters::<OnWgpu, _>(&model)
-    })
+    placed_ranks::<B, Wgpu, _>(
+        world,
+        &DdpConfig::new(),
+        (stage, place),
+        FloatDType::F32,
+        &WgpuDevice::default(),
+        &|rank, ddp, mut model, zero| {
+            if let Some(dir) = from {
+                let dir = checkpoint::latest(dir).unwrap().expect("a checkpoint");
+                model = checkpoint::load::<B, _>(dir, ddp, model, zero).unwrap().0;
+            }
+            for s in steps.clone() {
+                model = mlp_step(ddp, model, zero, (rank, world, s));
+            }
+            if let Some(root) = save_to {
+                let end = steps.end;
+                let state = TrainingState::new(end as u64, (end * GLOBAL_BATCH) as u64);
+                checkpoint::save(root, ddp, &model, zero, &state).unwrap();
+            }
+            parameters::<B, _>(&model)
+        },
+    )
 }
 
 /// A sharded checkpoint written offloaded at 2 ranks resumes at 1 and 3 ranks, with the state
@@ -439,11 +509,17 @@ fn train_checkpointed(
 #[test]
 fn a_checkpoint_written_offloaded_resumes_at_other_world_sizes_with_and_without_offload() {
     use Place::{Device, Offloaded};
-    for stage in [1, 2] {
-        let uninterrupted = train_checkpointed((2, stage, Offloaded), None, 0..6, None);
+    for stage in STAGES {
+        let uninterrupted = at_stage!(
+            stage,
+            train_checkpointed((2, stage, Offloaded), None, 0..6, None)
+        );
         for written in [Offloaded, Device] {
             let root = tempfile::tempdir().unwrap();
-            train_checkpointed((2, stage, written), None, 0..3, Some(root.path()));
+            at_stage!(
+                stage,
+                train_checkpointed((2, stage, written), None, 0..3, Some(root.path()))
+            );
             for (world, place) in [
                 (2, Offloaded),
                 (1, Device),
@@ -451,8 +527,10 @@ fn a_checkpoint_written_offloaded_resumes_at_other_world_sizes_with_and_without_
                 (3, Device),
                 (3, Offloaded),
             ] {
-                let resumed =
-                    train_checkpointed((world, stage, place), Some(root.path()), 3..6, None);
+                let resumed = at_stage!(
+                    stage,
+                    train_checkpointed((world, stage, place), Some(root.path()), 3..6, None)
+                );
                 let what = format!(
                     "stage {stage}: written {written:?} at 2 ranks, resumed {place:?} at {world}"
                 );
@@ -473,52 +551,46 @@ fn a_checkpoint_written_offloaded_resumes_at_other_world_sizes_with_and_without_
 }
 
 /// "Roll back to the best model" (`burn_dist_testing::roll_back`) on 2 ranks on wgpu at
-/// `stage`, ZeroAdam offloaded.
-fn rolled_back_offloaded(stage: u8, after_load: AfterLoad) -> Vec<RolledBack<()>> {
+/// `stage` on backend `B`, ZeroAdam offloaded.
+fn rolled_back_offloaded<B: DistributedAutodiff<Device = WgpuDevice>>(
+    stage: u8,
+    after_load: AfterLoad,
+) -> Vec<RolledBack<()>> {
     burn_dist_kernels::testing::wgpu_client();
-    let device = WgpuDevice::default();
-    let comms = HostCommunicator::local_group(2, &CommConfig::default());
-    run_ranks(comms, |rank, comm| {
-        let mut ddp = Ddp::for_thread_staged::<Wgpu>(comm, DdpConfig::new(), &device);
-        let model = ddp
-            .prepare(Mlp::<OnWgpu>::new(&MLP_SIZES, 7, &device))
-            .unwrap();
-        let zero = ZeroAdamConfig::new()
-            .with_stage(stage)
-            .init::<OnWgpu, _>(&ddp, &model)
-            .unwrap();
-        let mut zero = Place::Offloaded.apply(zero, &ddp, &device);
-        let f32 = FloatDType::F32;
-        let step = |ddp: &mut Ddp, zero: &mut _, model, s| {
-            zero_mlp_step(
-                ddp,
-                model,
-                zero,
-                (rank, 2, s),
-                (GLOBAL_BATCH, LR),
-                f32,
-                &device,
-            )
-        };
-        roll_back(&mut ddp, &mut zero, model, step, after_load, |_| ())
-    })
+    placed_ranks::<B, Wgpu, _>(
+        2,
+        &DdpConfig::new(),
+        (stage, Place::Offloaded),
+        FloatDType::F32,
+        &WgpuDevice::default(),
+        &|rank, ddp, model, zero| {
+            let step =
+                |ddp: &mut Ddp, zero: &mut _, model, s| mlp_step(ddp, model, zero, (rank, 2, s));
+            roll_back(ddp, zero, model, step, after_load, |_| ())
+        },
+    )
 }
 
 /// A record kept in memory and loaded back into the model: the offloaded step takes the
-/// loaded values (read from the device model) into its master weights on the host, and goes
-/// on from them, bit for bit as a run whose master weights were set to them by an import.
+/// loaded values (read from the device model, at stage 3 from its pieces) into its master
+/// weights on the host, and goes on from them, bit for bit as a run whose master weights were
+/// set to them by an import.
 #[test]
-fn offloaded_step_goes_on_from_a_record_loaded_back_at_stages_1_and_2() {
-    for stage in [1, 2] {
+fn offloaded_step_goes_on_from_a_record_loaded_back_at_stages_1_to_3() {
+    for stage in STAGES {
         assert_trained_on_from_the_load(
-            &rolled_back_offloaded(stage, AfterLoad::TrainOn),
-            &rolled_back_offloaded(stage, AfterLoad::ImportLoadedMaster),
+            &at_stage!(stage, rolled_back_offloaded(stage, AfterLoad::TrainOn)),
+            &at_stage!(
+                stage,
+                rolled_back_offloaded(stage, AfterLoad::ImportLoadedMaster)
+            ),
             &format!("stage {stage}, offloaded on wgpu"),
         );
     }
 }
 
-/// The typed refusals: stage 3, a host-path `Ddp`, and a state placed twice.
+/// The typed refusals: a host-path `Ddp`, a state placed twice, and stage 3 with the model's
+/// pieces in host memory.
 #[test]
 fn offload_refuses_what_it_cannot_do_by_name() {
     burn_dist_kernels::testing::wgpu_client();
@@ -565,20 +637,26 @@ fn offload_refuses_what_it_cannot_do_by_name() {
         "{error}"
     );
 
-    type Sharded = Autodiff<DistributedBackend<Wgpu, burn_dist::Sharded>>;
+    // The host path's Ddp on the wgpu backend: the stage-3 pieces stay in host memory.
     let comm = HostCommunicator::local_group(1, &CommConfig::default()).remove(0);
-    let mut ddp = Ddp::for_thread_staged::<Wgpu>(comm, DdpConfig::new(), &device);
-    let model = ddp
-        .prepare_sharded(Mlp::<Sharded>::new(&MLP_SIZES, 7, &device))
+    let mut host_ddp = Ddp::for_thread(comm, DdpConfig::new());
+    let model = host_ddp
+        .prepare_sharded(Mlp::<ShardedOnWgpu>::new(&MLP_SIZES, 7, &device))
         .unwrap();
     let zero = ZeroAdamConfig::new()
         .with_stage(3)
-        .init::<Sharded, _>(&ddp, &model)
+        .init::<ShardedOnWgpu, _>(&host_ddp, &model)
         .unwrap();
     let error = zero
-        .offloaded::<Wgpu>(&ddp, &device)
+        .offloaded::<Wgpu>(&host_ddp, &device)
         .err()
-        .expect("stage 3");
-    assert!(matches!(error, ZeroError::OffloadStage3), "{error}");
-    assert!(error.to_string().contains("stage 3"), "{error}");
+        .expect("stage 3 with the pieces in host memory");
+    assert!(
+        matches!(error, ZeroError::Stage3OnDevice { asked: "offloaded" }),
+        "{error}"
+    );
+    assert!(
+        error.to_string().contains("ZeroAdam::offloaded at stage 3"),
+        "{error}"
+    );
 }

@@ -6,14 +6,13 @@
 //! what the staging must move cross to the host, counted to the byte.
 
 use burn::backend::Autodiff;
-use burn::module::AutodiffModule;
-use burn::tensor::backend::AutodiffBackend;
 use burn_dist::{Ddp, DdpConfig, DistributedBackend, FlatLayout, ReducerStats};
+use burn_dist_testing::placed::{Place, Placed, placed_ranks};
 use burn_dist_testing::roll_back::{
     AfterLoad, RolledBack, assert_trained_on_from_the_load, roll_back,
 };
 use burn_dist_testing::{
-    BurnAdamW, OptimizerKind, Stepper, Synthetic, assert_close, train_ranks, train_ranks_with,
+    BurnAdamW, OptimizerKind, Synthetic, assert_close, train_ranks, train_ranks_with,
 };
 use burn_dist_zero::ZeroAdamConfig;
 use burn_flex::{Flex, FlexDevice};
@@ -29,24 +28,6 @@ const LR: f64 = 1e-2;
 const GLOBAL_BATCH: usize = 12;
 /// lavapipe's f32 kernels sum in another order than Flex's.
 const TOLERANCE: f64 = 1e-4;
-
-/// ZeroAdam with `config`, moved into the wgpu device memory once built.
-struct OnDevice(ZeroAdamConfig);
-
-impl OptimizerKind for OnDevice {
-    fn build<A, M>(&self, ddp: &Ddp, model: &M) -> Box<dyn Stepper<A, M>>
-    where
-        A: AutodiffBackend,
-        M: AutodiffModule<A> + 'static,
-    {
-        let zero = self
-            .0
-            .init::<A, M>(ddp, model)
-            .and_then(|zero| zero.on_device::<Wgpu>(ddp, &WgpuDevice::default()))
-            .expect("ZeroAdam on the wgpu device");
-        Box::new(zero)
-    }
-}
 
 fn train(world: usize, optimizer: &(impl OptimizerKind + Sync)) -> Vec<Vec<Vec<f32>>> {
     train_accumulating(world, 1, optimizer)
@@ -86,7 +67,11 @@ fn train_on_device_accumulating(
         world,
         |comm| Ddp::for_thread_staged::<Wgpu>(comm, ddp_config.clone(), &device),
         Synthetic::Mlp,
-        &OnDevice(config),
+        &Placed::<Wgpu> {
+            config,
+            place: Place::Device,
+            device: device.clone(),
+        },
         STEPS,
         GLOBAL_BATCH,
         LR,
@@ -395,35 +380,31 @@ fn an_imported_device_state_keeps_the_decay_rule() {
 /// "Roll back to the best model" (`burn_dist_testing::roll_back`) on 2 ranks on wgpu at
 /// `stage`, ZeroAdam's state in device memory.
 fn rolled_back_on_device(stage: u8, after_load: AfterLoad) -> Vec<RolledBack<()>> {
-    use burn_dist_comm::{CommConfig, HostCommunicator};
-    use burn_dist_testing::{MLP_SIZES, Mlp, zero_mlp_step};
+    use burn_dist_testing::zero_mlp_step;
     burn_dist_kernels::testing::wgpu_client();
     let device = WgpuDevice::default();
-    let comms = HostCommunicator::local_group(2, &CommConfig::default());
-    burn_dist_comm::testing::run_ranks(comms, |rank, comm| {
-        let mut ddp = Ddp::for_thread_staged::<Wgpu>(comm, DdpConfig::new(), &device);
-        let model = ddp
-            .prepare(Mlp::<OnWgpu>::new(&MLP_SIZES, 7, &device))
-            .unwrap();
-        let mut zero = ZeroAdamConfig::new()
-            .with_stage(stage)
-            .init::<OnWgpu, _>(&ddp, &model)
-            .and_then(|zero| zero.on_device::<Wgpu>(&ddp, &device))
-            .unwrap();
-        let f32 = burn::tensor::FloatDType::F32;
-        let step = |ddp: &mut Ddp, zero: &mut _, model, s| {
-            zero_mlp_step(
-                ddp,
-                model,
-                zero,
-                (rank, 2, s),
-                (GLOBAL_BATCH, LR),
-                f32,
-                &device,
-            )
-        };
-        roll_back(&mut ddp, &mut zero, model, step, after_load, |_| ())
-    })
+    let f32 = burn::tensor::FloatDType::F32;
+    placed_ranks::<OnWgpu, Wgpu, _>(
+        2,
+        &DdpConfig::new(),
+        (stage, Place::Device),
+        f32,
+        &device,
+        &|rank, ddp, model, zero| {
+            let step = |ddp: &mut Ddp, zero: &mut _, model, s| {
+                zero_mlp_step(
+                    ddp,
+                    model,
+                    zero,
+                    (rank, 2, s),
+                    (GLOBAL_BATCH, LR),
+                    f32,
+                    &device,
+                )
+            };
+            roll_back(ddp, zero, model, step, after_load, |_| ())
+        },
+    )
 }
 
 /// A record kept in memory and loaded back: the device step takes the loaded values into its

@@ -7,15 +7,14 @@
 //! the byte.
 
 use burn::backend::Autodiff;
-use burn::module::AutodiffModule;
 use burn::tensor::backend::AutodiffBackend;
 use burn_dist::{
     Ddp, DistributedBackend, FlatLayout, PrefetchConfig, ReducerStats, ShardStats, Sharded,
 };
 use burn_dist_comm::{CommConfig, HostCommunicator};
+use burn_dist_testing::placed::{Place, Placed, RankBody, placed_ranks};
 use burn_dist_testing::{
-    OptimizerKind, Stepper, Synthetic, assert_close, small_bucket_config, train_ranks,
-    train_synthetic,
+    Synthetic, assert_close, small_bucket_config, train_ranks, train_synthetic,
 };
 use burn_dist_zero::ZeroAdamConfig;
 use burn_flex::FlexDevice;
@@ -31,24 +30,6 @@ const LR: f64 = 1e-2;
 const GLOBAL_BATCH: usize = 12;
 /// lavapipe's f32 kernels sum in another order than Flex's.
 const TOLERANCE: f64 = 1e-4;
-
-/// ZeroAdam at stage 3, moved into the wgpu device memory once built.
-struct OnDevice;
-
-impl OptimizerKind for OnDevice {
-    fn build<A, M>(&self, ddp: &Ddp, model: &M) -> Box<dyn Stepper<A, M>>
-    where
-        A: AutodiffBackend,
-        M: AutodiffModule<A> + 'static,
-    {
-        let zero = ZeroAdamConfig::new()
-            .with_stage(3)
-            .init::<A, M>(ddp, model)
-            .and_then(|zero| zero.on_device::<Wgpu>(ddp, &WgpuDevice::default()))
-            .expect("ZeroAdam at stage 3 on the wgpu device");
-        Box::new(zero)
-    }
-}
 
 /// One rank's result on the device path.
 struct Rank {
@@ -73,7 +54,11 @@ fn train_on_device_with(world: usize, task: Synthetic, prefetch: PrefetchConfig)
         let params = train_synthetic::<OnWgpu>(
             &mut ddp,
             task,
-            &OnDevice,
+            &Placed::<Wgpu> {
+                config: ZeroAdamConfig::new().with_stage(3),
+                place: Place::Device,
+                device: device.clone(),
+            },
             STEPS,
             GLOBAL_BATCH,
             LR,
@@ -241,36 +226,23 @@ fn mlp_step<B: AutodiffBackend>(
     burn_dist_testing::zero_mlp_step(ddp, model, zero, at, (GLOBAL_BATCH, LR), dtype, device)
 }
 
-/// What [`on_device_ranks`] hands each rank: its `Ddp`, its prepared MLP and its ZeroAdam in
-/// device memory.
-type RankBody<'a, T> = &'a (
-        dyn Fn(usize, &mut Ddp, burn_dist_testing::Mlp<OnWgpu>, &mut burn_dist_zero::ZeroAdam) -> T
-            + Sync
-    );
-
-/// `world` thread ranks on wgpu at stage 3, each running `body` on its MLP cast to `dtype`.
+/// `world` thread ranks on wgpu at stage 3, ZeroAdam in device memory, each running `body` on
+/// its MLP cast to `dtype`.
 fn on_device_ranks<T: Send>(
     world: usize,
     dtype: burn::tensor::FloatDType,
-    body: RankBody<'_, T>,
+    body: RankBody<'_, OnWgpu, T>,
 ) -> Vec<T> {
-    use burn::module::Module;
-    use burn_dist_testing::{Cast, MLP_SIZES, Mlp};
     burn_dist_kernels::testing::wgpu_client();
     let device = WgpuDevice::default();
-    let comms = HostCommunicator::local_group(world, &CommConfig::default());
-    burn_dist_comm::testing::run_ranks(comms, |rank, comm| {
-        let mut ddp = Ddp::for_thread_staged::<Wgpu>(comm, small_bucket_config(1), &device);
-        let model = Mlp::<OnWgpu>::new(&MLP_SIZES, 7, &device).map(&mut Cast(dtype));
-        let model = ddp.prepare_sharded(model).unwrap();
-        let mut zero = ZeroAdamConfig::new()
-            .with_stage(3)
-            .init::<OnWgpu, _>(&ddp, &model)
-            .unwrap()
-            .on_device::<Wgpu>(&ddp, &device)
-            .unwrap();
-        body(rank, &mut ddp, model, &mut zero)
-    })
+    placed_ranks::<OnWgpu, Wgpu, _>(
+        world,
+        &small_bucket_config(1),
+        (3, Place::Device),
+        dtype,
+        &device,
+        body,
+    )
 }
 
 /// The state of ZeroAdam at stage 3 on the device round-trips exactly, and importing an earlier

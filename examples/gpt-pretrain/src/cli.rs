@@ -83,10 +83,11 @@ pub struct Args {
     /// weights it uses; `--backend flex` only for now).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=3))]
     pub zero_stage: u8,
-    /// With `--backend wgpu|cuda`, ZeRO stages 1 and 2: ZeroAdam's state (f32 master weights,
+    /// With `--backend wgpu|cuda`, ZeRO stages 1 to 3: ZeroAdam's state (f32 master weights,
     /// moments) in host memory, stepped on the host's cores, while the model and the gradient
     /// reduction stay on the device (`ZeroAdam::offloaded`): the device holds the parameters
-    /// alone between steps, and each step moves the gradient shard down and the new shard up.
+    /// alone between steps (at stage 3 its shard of them), and each step moves the gradient
+    /// shard down and the new shard up.
     #[arg(long)]
     pub offload: bool,
     /// ZeRO stage 3: gathers in flight ahead of their use once the first step has recorded
@@ -338,12 +339,6 @@ impl Args {
                         .into(),
                 );
             }
-            if self.zero_stage == 3 {
-                return Err(
-                    "--offload works at --zero-stage 1 and 2; stage 3 offload is not done yet"
-                        .into(),
-                );
-            }
         }
         if self.checkpoint_every == Some(0) {
             return Err("--checkpoint-every must be positive".into());
@@ -453,21 +448,19 @@ mod tests {
     }
 
     #[test]
-    fn offload_needs_a_device_backend_zeroadam_and_stage_1_or_2() {
+    fn offload_needs_a_device_backend_and_zeroadam() {
         args(&["--offload", "--backend", "wgpu"]).check(1).unwrap();
-        args(&["--offload", "--backend", "cuda", "--zero-stage", "2"])
-            .check(1)
-            .unwrap();
+        for stage in ["2", "3"] {
+            args(&["--offload", "--backend", "cuda", "--zero-stage", stage])
+                .check(1)
+                .unwrap();
+        }
         let e = args(&["--offload"]).check(1).unwrap_err();
         assert!(e.contains("--offload needs --backend"), "{e}");
         let e = args(&["--offload", "--backend", "wgpu", "--optimizer", "adamw"])
             .check(1)
             .unwrap_err();
         assert!(e.contains("--offload needs --optimizer zero"), "{e}");
-        let e = args(&["--offload", "--backend", "wgpu", "--zero-stage", "3"])
-            .check(1)
-            .unwrap_err();
-        assert!(e.contains("stage 3 offload is not done yet"), "{e}");
     }
 
     #[test]

@@ -154,18 +154,24 @@ fn the_metrics_count_the_bytes_between_host_and_device_per_step() {
 }
 
 /// `--offload` (ZeroAdam's state on the host, the model and the reduction on wgpu) follows the
-/// run with the state in device memory step by step, at 2 ranks and ZeRO stages 1 and 2 (the
+/// run with the state in device memory step by step, at 2 ranks and ZeRO stages 1 to 3 (the
 /// host step and the fused kernels round a few operations differently), and its metrics count
 /// per step what the state in device memory moves, less ZeroAdam's scalars (its agreement is
-/// the host's), plus the gradient shard down and the new shard up, once each.
+/// the host's), plus the gradient shard down and the new shard up, once each (at stage 3 the
+/// new shard goes into the model's pieces; the gathers are the same either way).
 #[test]
 fn offload_follows_the_state_in_device_memory_and_counts_its_bytes() {
     burn_dist_kernels::testing::wgpu_client();
     let dir = scratch_dir("gpt-backends-offload");
     let numels = common::tiny_numels();
     let world = 2;
-    let shard = 4 * burn_dist::FlatLayout::new(&numels, world, 4).shard_len as u64;
-    for stage in ["1", "2"] {
+    for stage in ["1", "2", "3"] {
+        // Stage 3's shards are the sharded model's, aligned as it aligns them.
+        let align = match stage {
+            "3" => burn_dist::SHARD_ALIGN,
+            _ => 4,
+        };
+        let shard = 4 * burn_dist::FlatLayout::new(&numels, world, align).shard_len as u64;
         let on_device = launched(&dir, world, &["--backend", "wgpu", "--zero-stage", stage]);
         let offloaded = launched(
             &dir,
