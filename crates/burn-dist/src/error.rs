@@ -53,8 +53,10 @@ pub enum DistError {
     /// A parameter has a local gradient that never reached the reducer.
     #[error(
         "parameter #{param} `{name}` has a gradient that was not synchronized because it was not \
-         marked: with gradient accumulation, call `ddp.mark(model)` before the forward pass of \
-         every micro-batch (Burn consumes the marks in each backward)"
+         marked: a model Burn rebuilt drops the marks (`model.load_record(record)`: write \
+         `ddp.mark(model.load_record(record))`), and with gradient accumulation call \
+         `ddp.mark(model)` before the forward pass of every micro-batch (Burn consumes the marks \
+         in each backward)"
     )]
     NotMarked { param: usize, name: String },
 
