@@ -10,7 +10,7 @@ use burn_dist::{CubeResident, Ddp, DdpConfig, DistributedAutodiff};
 use burn_dist_comm::{CommConfig, HostCommunicator};
 use burn_dist_zero::{ZeroAdam, ZeroAdamConfig};
 
-use crate::{Cast, MLP_SIZES, Mlp, OptimizerKind, Stepper};
+use crate::{Cast, MLP_SIZES, Mlp, OptimizerKind, Stepper, Synthetic, train_ranks_with};
 
 /// Where ZeroAdam's state lives beside a model on the device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -56,6 +56,36 @@ impl<D: CubeResident> OptimizerKind for Placed<D> {
             .unwrap_or_else(|e| panic!("ZeroAdam placed at {:?}: {e}", self.place));
         Box::new(zero)
     }
+}
+
+/// `world` thread ranks on the staged device collectives of backend `D`
+/// (`Ddp::for_thread_staged` with `config`) training the synthetic MLP task
+/// ([`train_ranks_with`]) with ZeroAdam as `optimizer` places it, on backend `B`. Per rank: its
+/// final parameters and its reducer's stats.
+pub fn train_placed<B, D>(
+    world: usize,
+    config: &DdpConfig,
+    optimizer: &Placed<D>,
+    steps: usize,
+    global_batch: usize,
+    lr: f64,
+) -> Vec<(Vec<Vec<f32>>, burn_dist::ReducerStats)>
+where
+    B: DistributedAutodiff<Device = D::Device>,
+    D: CubeResident,
+    D::Device: Sync,
+{
+    let device = &optimizer.device;
+    train_ranks_with::<B>(
+        world,
+        |comm| Ddp::for_thread_staged::<D>(comm, config.clone(), device),
+        Synthetic::Mlp,
+        optimizer,
+        steps,
+        global_batch,
+        lr,
+        device,
+    )
 }
 
 /// What [`placed_ranks`] runs on each rank: its rank, its `Ddp`, its prepared MLP and its

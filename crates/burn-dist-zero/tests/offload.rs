@@ -22,13 +22,13 @@ use burn_dist::{
     ReducerStats, ShardStats, Sharded,
 };
 use burn_dist_comm::{CommConfig, HostCommunicator};
-use burn_dist_testing::placed::{Place, Placed, placed_ranks};
+use burn_dist_testing::placed::{Place, Placed, placed_ranks, train_placed};
 use burn_dist_testing::roll_back::{
     AfterLoad, RolledBack, assert_trained_on_from_the_load, roll_back,
 };
 use burn_dist_testing::{
     MLP_SIZES, Mlp, Synthetic, assert_close, parameters, shard_rows, synthetic_rows, train_ranks,
-    train_ranks_with, zero_mlp_step,
+    zero_mlp_step,
 };
 use burn_dist_zero::{ZeroAdam, ZeroAdamConfig, ZeroError};
 use burn_wgpu::{Wgpu, WgpuDevice};
@@ -64,22 +64,12 @@ fn train_staged_on<B: DistributedAutodiff<Device = WgpuDevice>>(
     place: Place,
 ) -> Vec<(Vec<Vec<f32>>, ReducerStats)> {
     burn_dist_kernels::testing::wgpu_client();
-    let device = WgpuDevice::default();
     let placed = Placed::<Wgpu> {
         config,
         place,
-        device: device.clone(),
+        device: WgpuDevice::default(),
     };
-    train_ranks_with::<B>(
-        world,
-        |comm| Ddp::for_thread_staged::<Wgpu>(comm, DdpConfig::new(), &device),
-        Synthetic::Mlp,
-        &placed,
-        STEPS,
-        GLOBAL_BATCH,
-        LR,
-        &device,
-    )
+    train_placed::<B, Wgpu>(world, &DdpConfig::new(), &placed, STEPS, GLOBAL_BATCH, LR)
 }
 
 /// [`train_staged_on`] on the backend of `config`'s stage.
@@ -420,7 +410,13 @@ fn a_state_saved_offloaded_resumes_on_the_device_and_back() {
                 assert!(params == &ranks[0].0, "{what}: rank {rank} differs");
             }
         }
-        let uninterrupted = |place| at_stage!(stage, uninterrupted_mlp(stage, place));
+        let uninterrupted = |place| {
+            at_stage!(
+                stage,
+                train_checkpointed((2, stage, place), None, 0..6, None)
+            )
+            .remove(0)
+        };
         let (offloaded, on_device) = (uninterrupted(Offloaded), uninterrupted(Device));
         assert!(
             runs[0].1[0].0 == offloaded,
@@ -440,30 +436,6 @@ fn a_state_saved_offloaded_resumes_on_the_device_and_back() {
             &what(Device, Offloaded),
         );
     }
-}
-
-/// Two ranks, 6 uninterrupted steps of [`mlp_step`] at `stage` with ZeroAdam at `place`:
-/// rank 0's final parameters.
-fn uninterrupted_mlp<B: DistributedAutodiff<Device = WgpuDevice>>(
-    stage: u8,
-    place: Place,
-) -> Vec<Vec<f32>> {
-    burn_dist_kernels::testing::wgpu_client();
-    let world = 2;
-    placed_ranks::<B, Wgpu, _>(
-        world,
-        &DdpConfig::new(),
-        (stage, place),
-        FloatDType::F32,
-        &WgpuDevice::default(),
-        &|rank, ddp, mut model, zero| {
-            for s in 0..6 {
-                model = mlp_step(ddp, model, zero, (rank, world, s));
-            }
-            parameters::<B, _>(&model)
-        },
-    )
-    .remove(0)
 }
 
 /// `world` ranks at `stage` on backend `B` with ZeroAdam at `place`: from a fresh model, or

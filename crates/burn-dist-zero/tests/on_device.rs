@@ -7,13 +7,11 @@
 
 use burn::backend::Autodiff;
 use burn_dist::{Ddp, DdpConfig, DistributedBackend, FlatLayout, ReducerStats};
-use burn_dist_testing::placed::{Place, Placed, placed_ranks};
+use burn_dist_testing::placed::{Place, Placed, placed_ranks, train_placed};
 use burn_dist_testing::roll_back::{
     AfterLoad, RolledBack, assert_trained_on_from_the_load, roll_back,
 };
-use burn_dist_testing::{
-    BurnAdamW, OptimizerKind, Synthetic, assert_close, train_ranks, train_ranks_with,
-};
+use burn_dist_testing::{BurnAdamW, OptimizerKind, Synthetic, assert_close, train_ranks};
 use burn_dist_zero::ZeroAdamConfig;
 use burn_flex::{Flex, FlexDevice};
 use burn_wgpu::{Wgpu, WgpuDevice};
@@ -61,22 +59,13 @@ fn train_on_device_accumulating(
     config: ZeroAdamConfig,
 ) -> Vec<(Vec<Vec<f32>>, ReducerStats)> {
     burn_dist_kernels::testing::wgpu_client();
-    let device = WgpuDevice::default();
+    let placed = Placed::<Wgpu> {
+        config,
+        place: Place::Device,
+        device: WgpuDevice::default(),
+    };
     let ddp_config = DdpConfig::new().with_accumulation_steps(accumulation);
-    train_ranks_with::<OnWgpu>(
-        world,
-        |comm| Ddp::for_thread_staged::<Wgpu>(comm, ddp_config.clone(), &device),
-        Synthetic::Mlp,
-        &Placed::<Wgpu> {
-            config,
-            place: Place::Device,
-            device: device.clone(),
-        },
-        STEPS,
-        GLOBAL_BATCH,
-        LR,
-        &device,
-    )
+    train_placed::<OnWgpu, Wgpu>(world, &ddp_config, &placed, STEPS, GLOBAL_BATCH, LR)
 }
 
 #[test]
