@@ -107,6 +107,10 @@ impl ReducerCheck {
             // Each f32 gradient is read to the host and its mean written back.
             bytes_to_host: self.last.bytes_to_host + self.bytes_per_step,
             bytes_to_device: self.last.bytes_to_device + self.bytes_per_step,
+            // No gradient shard on a replicated run.
+            shard_reads: 0,
+            shard_reads_in_backward: 0,
+            shard_wait_nanos: 0,
         };
         assert_eq!(
             now, expected,

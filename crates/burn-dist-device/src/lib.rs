@@ -25,7 +25,7 @@ mod staged;
 mod traffic;
 
 pub use collectives::{DeviceCollectives, DevicePending};
-pub use copy::{copy, download, upload_into};
+pub use copy::{PendingDownload, copy, create_staged, download, download_async, upload_into};
 pub use error::{DeviceError, Result};
 #[cfg(feature = "cuda")]
 pub use nccl::{NcclCollectives, device_address};

@@ -13,7 +13,7 @@ use burn_dist_comm::{Communicator, HostBuffer, HostCommunicator, Pending, Reduce
 use cubecl::Runtime;
 
 use crate::collectives::{DeviceCollectives, DevicePending};
-use crate::copy::{download, upload_into};
+use crate::copy::{download, download_all, upload_into};
 use crate::error::{DeviceError, Result};
 use crate::slice::{DeviceSlice, chunk_ranges};
 use crate::traffic::TrafficCounter;
@@ -142,10 +142,7 @@ impl<R: Runtime> DeviceCollectives<R> for StagedCollectives {
         for slice in slices {
             slice.check(rank, OP)?;
         }
-        let parts = slices
-            .iter()
-            .map(|s| download(s, &self.traffic, rank))
-            .collect::<Result<Vec<_>>>()?;
+        let parts = download_all(slices, &self.traffic, rank)?;
         let pending = self.comm().all_reduce(concat(&parts), op);
         let mut at = 0;
         let writes = slices
@@ -187,10 +184,7 @@ impl<R: Runtime> DeviceCollectives<R> for StagedCollectives {
             return Ok(DevicePending::done());
         }
         let chunks = self.check_parts(parts, OP)?;
-        let local = parts
-            .iter()
-            .map(|(slice, _)| download(slice, &self.traffic, rank))
-            .collect::<Result<Vec<_>>>()?;
+        let local = download_all(parts.iter().map(|(slice, _)| slice), &self.traffic, rank)?;
         // One host reduce-scatter: rank q's chunk is its chunks of every part, in part order.
         let mut by_rank = Vec::with_capacity(world * parts.len());
         for q in 0..world {
@@ -226,13 +220,12 @@ impl<R: Runtime> DeviceCollectives<R> for StagedCollectives {
             return Ok(DevicePending::done());
         }
         let chunks = self.check_parts(parts, OP)?;
-        let own = parts
+        let own: Vec<DeviceSlice<R>> = parts
             .iter()
             .zip(&chunks)
-            .map(|((slice, _), ranges)| {
-                download(&slice.range(ranges[rank].clone()), &self.traffic, rank)
-            })
-            .collect::<Result<Vec<_>>>()?;
+            .map(|((slice, _), ranges)| slice.range(ranges[rank].clone()))
+            .collect();
+        let own = download_all(&own, &self.traffic, rank)?;
         // Rank q's chunk of the host all-gather: its chunks of every part, in part order.
         let counts = counts_by_rank(&chunks, world);
         let pending = self.comm().all_gather_counts(concat(&own), counts, tag);

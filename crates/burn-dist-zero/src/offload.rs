@@ -3,10 +3,14 @@
 //! by the host step (`burn_dist_kernels::host`, the same code as the host path's).
 //!
 //! Per step, at stages 1 and 2:
-//! 1. the gradient is reduced on the device as on the device path (stage 1: all-reduced in
-//!    full, this rank's pieces of it copied into one staging buffer on the device; stage 2:
-//!    reduce-scattered into the reducer's device shard); the shard is read to the host once
-//!    (`4 · shard_len` bytes) and its device buffer let go;
+//! 1. the gradient is reduced on the device as on the device path. Stage 2: reduce-scattered
+//!    into the reducer's device shard, whose range for each bucket is read to the host as soon
+//!    as the reducer takes that bucket's reduction in, during backward
+//!    (`Ddp::stream_gradient_shard_to_host`; `4 ·` this rank's elements, the padding past the
+//!    last parameter not read), so that when backward ends only the last buckets' reads are
+//!    left to wait for. Stage 1: all-reduced in full; after backward this rank's pieces are
+//!    copied into one staging buffer on the device and read down at once (`4 · shard_len`
+//!    bytes);
 //! 2. the host step unscales, checks, agrees, clips and updates, as on the host path;
 //! 3. the new master shard, rounded to the model's dtype as the host path rounds it, is
 //!    uploaded (`p · shard_len` bytes) and all-gathered device to device into the model's
@@ -16,6 +20,7 @@
 //!
 //! At stage 3 the model's pieces are this rank's shard, in device memory
 //! (`ParamShards::device_shard`): step 1 reads the reducer's device shard down as at stage 2,
+//! during backward,
 //! and step 3 writes the new shard, rounded to the model's dtype, into the pieces
 //! (`ParamShards::write_shard`, `p · shard_len` bytes up); nothing is gathered (the next forward
 //! gathers), so the upload and the all-gather of step 3 above are not run.
@@ -27,8 +32,9 @@
 //! host by the host path's code, through Burn: those bytes are not in the traffic count, which
 //! is exact for every other step.
 //!
-//! Not done yet (docs/guide.md): the copy down overlapped with backward (today it waits for the
-//! whole backward), page-locked host buffers on CUDA.
+//! Uploads go through `burn_dist_device::create_staged` (page-locked on CUDA) and reads
+//! through cubecl's own read, which lands in cubecl-cuda's page-locked pool; wgpu has no
+//! page-locked memory to offer and maps its own staging buffers.
 
 use std::any::Any;
 use std::sync::Arc;
@@ -42,7 +48,9 @@ use burn_cubecl::cubecl::prelude::ComputeClient;
 use burn_cubecl::cubecl::server::Handle;
 use burn_dist::{CubeResident, ParamInfo, SyncHandle};
 use burn_dist_comm::HostBuffer;
-use burn_dist_device::{DeviceCollectives, DeviceDType, DeviceSlice, Traffic, download};
+use burn_dist_device::{
+    DeviceCollectives, DeviceDType, DeviceSlice, Traffic, create_staged, download,
+};
 use burn_dist_kernels::FusedAdam;
 
 use crate::error::Result;
@@ -54,8 +62,9 @@ use crate::resident::{
 
 /// What the offloaded step asks of the device, whatever the backend (ZeroAdam is not generic).
 pub(crate) trait OffloadState: DeviceGradient + NewParameters + Send {
-    /// The step's gradient shard (`shard_len` f32) read to the host, its device buffer let go;
-    /// `None` when no piece of it was written (stage 1, no gradient for this rank's pieces).
+    /// Stage 1: the step's gradient shard (`shard_len` f32) read to the host, its device
+    /// buffer let go; `None` when no piece of it was written (no gradient for this rank's
+    /// pieces).
     fn download_gradient(&mut self) -> Result<Option<Vec<f32>>>;
     /// Uploads this rank's new master weights, rounded to the model's dtype, which
     /// [`NewParameters::parameter`] then gathers from.
@@ -80,8 +89,8 @@ pub(crate) struct Offloaded<B: CubeResident> {
     dtype: DType,
     device_dtype: DeviceDType,
     gather: ParamGather<B>,
-    /// The step's f32 gradient shard on the device: stage 1's staging buffer, or stage 2's
-    /// reducer shard; `None` between steps.
+    /// The step's f32 gradient shard on the device (stage 1's staging buffer); `None` between
+    /// steps.
     grads: Option<Handle>,
     /// The step's new shard in the model's dtype; `None` between steps.
     model: Option<Handle>,
@@ -143,7 +152,8 @@ impl<B: CubeResident> DeviceGradient for Offloaded<B> {
         copy_piece::<B>(&self.f32_shard(grads), piece, grad, "a gradient", self.rank)
     }
 
-    /// Read to the host by [`OffloadState::download_gradient`].
+    /// Read to the host by [`OffloadState::download_gradient`]. Not called by the offloaded
+    /// step, which takes stage 2 and 3's shard on the host, read during backward.
     fn gradient_shard(&mut self, shard: Box<dyn Any>) -> Result<()> {
         self.grads = Some(reducer_gradient_shard::<B>(shard, self.layout.shard_len)?);
         Ok(())
@@ -182,7 +192,7 @@ impl<B: CubeResident> OffloadState for Offloaded<B> {
             self.device_dtype.size() * self.layout.shard_len
         );
         self.collectives.traffic().to_device(bytes.len());
-        self.model = Some(self.client.create_from_slice(bytes));
+        self.model = Some(create_staged(&self.client, bytes));
         Ok(())
     }
 
@@ -205,13 +215,13 @@ impl<B: CubeResident> OffloadState for Offloaded<B> {
     }
 }
 
-/// Step 1 of the offloaded step: this rank's shard of the averaged gradient, on the host, with
-/// which of its pieces had a gradient and which parameters did; everything outside the
-/// pieces that had one (padding, parameters without a gradient) is zero, as the host path's.
-#[allow(clippy::too_many_arguments)]
+/// Step 1 of the offloaded step at stage 1: this rank's pieces of the all-reduced gradient,
+/// copied into one staging buffer on the device and read to the host, with which of its pieces
+/// had a gradient and which parameters did; everything outside the pieces that had one
+/// (padding, parameters without a gradient) is zero, as the host path's. (At stages 2 and 3
+/// the reducer's shard is read down during backward and taken as the host path takes it.)
 pub(crate) fn gradient_to_host<B: AutodiffBackend, M: AutodiffModule<B>>(
     offload: &mut dyn OffloadState,
-    stage: u8,
     params: &[ParamInfo],
     pieces: &[Piece],
     shard_len: usize,
@@ -219,7 +229,7 @@ pub(crate) fn gradient_to_host<B: AutodiffBackend, M: AutodiffModule<B>>(
     grads: &GradientsParams,
     sync: &SyncHandle,
 ) -> Result<(Vec<f32>, Vec<bool>, Vec<bool>)> {
-    let has_grad = gradient_on_device::<B, M>(stage, params, pieces, model, grads, sync, offload)?;
+    let has_grad = gradient_on_device::<B, M>(1, params, pieces, model, grads, sync, offload)?;
     let present: Vec<bool> = pieces.iter().map(|p| has_grad[p.param]).collect();
     let mut grad = vec![0.0f32; shard_len];
     if let Some(read) = offload.download_gradient()? {

@@ -121,6 +121,9 @@ impl Shard {
         let layout = FlatLayout::new(&numels, ddp.world_size(), config.align);
         if config.stage >= 2 {
             ddp.shard_gradients(layout.clone())?;
+            // The host step takes the shard on the host: on the device path it is read down
+            // bucket by bucket during backward (`on_device` turns this off again).
+            ddp.stream_gradient_shard_to_host(true);
         }
         let pieces = layout.pieces(ddp.rank());
         let master = match &shards {
@@ -218,6 +221,8 @@ impl Shard {
                 })?;
         let dtype = self.one_dtype()?;
         let steps = self.uniform_step_count(&self.time)?;
+        // The step takes the reducer's shard where it is, in device memory.
+        ddp.stream_gradient_shard_to_host(false);
         let resident = Resident::<D>::new(
             collectives,
             device,
@@ -464,20 +469,23 @@ impl Shard {
         inv_scale: f32,
         replaced: &Replaced,
     ) -> Result<(M, StepReport)> {
-        // 1. This rank's shard of the gradient (offloaded: reduced on the device, read down).
+        // 1. This rank's shard of the gradient. Offloaded at stage 1: reduced on the device,
+        // this rank's pieces read down here; at stages 2 and 3 the reducer's shard, read down
+        // during backward (`Ddp::stream_gradient_shard_to_host`), as on the host path.
         #[cfg(feature = "device")]
         let offloaded = match self.offload.as_deref_mut() {
-            Some(offload) => Some(crate::offload::gradient_to_host::<B, M>(
-                offload,
-                self.config.stage,
-                &self.params,
-                &self.pieces,
-                self.layout.shard_len,
-                &model,
-                &grads,
-                sync,
-            )?),
-            None => None,
+            Some(offload) if self.config.stage == 1 => {
+                Some(crate::offload::gradient_to_host::<B, M>(
+                    offload,
+                    &self.params,
+                    &self.pieces,
+                    self.layout.shard_len,
+                    &model,
+                    &grads,
+                    sync,
+                )?)
+            }
+            _ => None,
         };
         #[cfg(not(feature = "device"))]
         let offloaded = None;

@@ -182,8 +182,10 @@ fn mlp_numels() -> Vec<usize> {
 /// Per step and rank, with Ψ the model's elements, S the rank's shard (its padded length) and
 /// O the elements it owns (f32 everywhere): the reducer stages every gradient down (4Ψ) and at
 /// stage 1 every reduced gradient back up (4Ψ), at stage 2 only this rank's owned elements
-/// (4O); the offloaded step reads the gradient shard down once (4S) and uploads the new shard
-/// once (4S); the all-gather of the new parameters stages this rank's pieces down (4O) and the
+/// (4O); the gradient shard comes down once: at stage 1 the offloaded step reads it whole
+/// (4S), at stage 2 the reducer reads each bucket's owned range during backward (4O: the
+/// padding past the last parameter is not read); the new shard goes up once (4S); the
+/// all-gather of the new parameters stages this rank's pieces down (4O) and the
 /// others' up (4(Ψ − O)). No scalar crosses: the agreement is the host's.
 #[test]
 fn offloaded_step_moves_the_gradient_shard_down_and_the_new_shard_up_exactly() {
@@ -200,9 +202,13 @@ fn offloaded_step_moves_the_gradient_shard_down_and_the_new_shard_up_exactly() {
         for (rank, (_, stats)) in ranks.iter().enumerate() {
             let range = flat.shard(rank);
             let owned = (total as usize).min(range.end).saturating_sub(range.start) as u64;
-            let written_back = if stage == 1 { total } else { owned };
+            let (written_back, shard_read) = if stage == 1 {
+                (total, s)
+            } else {
+                (owned, owned)
+            };
             let per_step = (
-                4 * total + 4 * s + 4 * owned,
+                4 * total + 4 * shard_read + 4 * owned,
                 4 * written_back + 4 * s + 4 * (total - owned),
             );
             assert_eq!(
@@ -222,7 +228,8 @@ fn offloaded_step_moves_the_gradient_shard_down_and_the_new_shard_up_exactly() {
 /// Stage 3, per rank, with Ψ, S and O as at stages 1 and 2 (S of the sharded model's layout):
 /// once, the shard up when the model is prepared and down when ZeroAdam is built (4S each);
 /// per step, every gradient down and this rank's reduced pieces up (4Ψ, 4O), the gradient
-/// shard down (4S) and the new shard up into the model's pieces (4S), no all-gather of new
+/// shard's owned ranges down during backward (4O) and the new shard up into the model's
+/// pieces (4S), no all-gather of new
 /// parameters (the next forward gathers), no scalar; and what the ops' gathers and the final
 /// reads moved (`ShardStats`: the parameters' bytes per gather, and Ψ read at the end).
 #[test]
@@ -252,7 +259,7 @@ fn offloaded_stage_three_moves_the_shards_and_what_the_gathers_need_exactly() {
             let range = flat.shard(rank);
             let owned = (total as usize).min(range.end).saturating_sub(range.start) as u64;
             let gathered = shards.gathered_bytes + shards.unused_bytes + 4 * total;
-            let expected = 2 * 4 * s + STEPS as u64 * (4 * total + 4 * owned + 2 * 4 * s);
+            let expected = 2 * 4 * s + STEPS as u64 * (4 * total + 2 * 4 * owned + 4 * s);
             assert_eq!(
                 reducer.bytes_to_host + reducer.bytes_to_device,
                 expected + gathered,
@@ -262,6 +269,81 @@ fn offloaded_stage_three_moves_the_shards_and_what_the_gathers_need_exactly() {
             );
         }
     }
+}
+
+/// Stages 2 and 3 read the gradient shard to the host during backward, bucket by bucket: with
+/// small buckets and one bucket in flight at most (a launch past it waits for the oldest, a
+/// fixed point in backward), some reads are issued while gradients are still to come, every
+/// step; and the run ends bit for bit where the same run ends with the shard read at once
+/// after backward (`Ddp::stream_gradient_shard_to_host(false)`), which issues no such read.
+#[test]
+fn offloaded_stages_two_and_three_read_the_gradient_shard_during_backward() {
+    const BUCKET_BYTES: usize = 1024;
+    let buckets = burn_dist::BucketConfig::new()
+        .with_first_bucket_bytes(BUCKET_BYTES)
+        .with_bucket_bytes(BUCKET_BYTES)
+        .with_max_in_flight_bytes(Some(BUCKET_BYTES));
+    let config = DdpConfig::new().with_buckets(buckets);
+    for stage in [2, 3] {
+        let runs: Vec<Vec<(Vec<Vec<f32>>, ReducerStats)>> = [true, false]
+            .into_iter()
+            .map(|stream| at_stage!(stage, streamed_run(stage, stream, &config)))
+            .collect();
+        let (streamed, at_once) = (&runs[0], &runs[1]);
+        for (rank, ((params, stats), (at_once, at_once_stats))) in
+            streamed.iter().zip(at_once).enumerate()
+        {
+            let what = format!("stage {stage}, rank {rank}");
+            assert!(
+                stats.shard_reads >= 2 * STEPS as u64,
+                "{what}: the shard read bucket by bucket ({} reads in {STEPS} steps)",
+                stats.shard_reads
+            );
+            assert!(
+                stats.shard_reads_in_backward >= STEPS as u64,
+                "{what}: a read issued during backward every step ({} in {STEPS} steps)",
+                stats.shard_reads_in_backward
+            );
+            assert_eq!(
+                (
+                    at_once_stats.shard_reads,
+                    at_once_stats.shard_reads_in_backward
+                ),
+                (0, 0),
+                "{what}: nothing streamed when turned off"
+            );
+            assert!(
+                params == at_once,
+                "{what}: streamed and read at once end differently"
+            );
+        }
+    }
+}
+
+/// Two ranks at `stage`, ZeroAdam offloaded, the gradient shard streamed to the host during
+/// backward or not; the parameters and reducer stats at the end, by rank.
+fn streamed_run<B: DistributedAutodiff<Device = WgpuDevice>>(
+    stage: u8,
+    stream: bool,
+    config: &DdpConfig,
+) -> Vec<(Vec<Vec<f32>>, ReducerStats)> {
+    const WORLD: usize = 2;
+    let device = WgpuDevice::default();
+    burn_dist_kernels::testing::wgpu_client();
+    placed_ranks::<B, Wgpu, _>(
+        WORLD,
+        config,
+        (stage, Place::Offloaded),
+        FloatDType::F32,
+        &device,
+        &|rank, ddp, mut model, zero| {
+            ddp.stream_gradient_shard_to_host(stream);
+            for step in 0..STEPS {
+                model = mlp_step(ddp, model, zero, (rank, WORLD, step));
+            }
+            (parameters::<B, _>(&model), ddp.stats())
+        },
+    )
 }
 
 /// f16 parameters under loss scaling from a scale too large for f16: the scaled loss and its

@@ -515,6 +515,18 @@ impl Ddp {
         self.sync_handle().take_gradient_shard()
     }
 
+    /// ZeRO stage 2 on the device path, for an optimizer that steps on the host (ZeroAdam's
+    /// host step, `ZeroAdam::offloaded`): whether [`Ddp::take_gradient_shard`]'s values are
+    /// read to the host during backward, each bucket's range of the shard as soon as its
+    /// reduction is taken in on the window's last micro-batch, so that only the last
+    /// buckets' reads remain when backward ends. On from the next accumulation window;
+    /// off by default; it changes nothing on the host path. The values are the same bit for
+    /// bit either way, and so are the bytes read (this rank's elements of the shard, less
+    /// the padding past the last parameter, which is zero and not read when streamed).
+    pub fn stream_gradient_shard_to_host(&self, on: bool) {
+        lock(&self.reducer).stream_gradient_shard(on);
+    }
+
     /// This rank's reducer, for handles that outlive a borrow of `Ddp`.
     pub(crate) fn shared_reducer(&self) -> crate::context::SharedReducer {
         self.reducer.clone()

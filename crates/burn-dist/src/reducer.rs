@@ -76,6 +76,17 @@ pub struct ReducerStats {
     /// Bytes the reducer moved from the host into the backend's memory (the written-back
     /// gradients on the host path; the staged results on the device path).
     pub bytes_to_device: u64,
+    /// ZeRO-2 on the device path, streamed to the host (`Ddp::stream_gradient_shard_to_host`):
+    /// reads issued of a bucket's range of the gradient shard.
+    pub shard_reads: u64,
+    /// Of `shard_reads`, those issued while some gradient of the backward was still to come:
+    /// the reads that overlap the rest of backward.
+    pub shard_reads_in_backward: u64,
+    /// ZeRO-2 on the device path: time taking the gradient shard to the host
+    /// (`Ddp::take_gradient_shard`) waited for its values, since the start, in nanoseconds:
+    /// the streamed reads not over yet, or the whole read when not streamed. What an
+    /// offloaded optimizer step waits for the device before its host step can start.
+    pub shard_wait_nanos: u64,
 }
 
 /// What the reducer tells a test observer.
@@ -193,6 +204,9 @@ pub struct Reducer {
     store: Store,
     /// ZeRO-2's gradient shard, when the optimizer state is sharded.
     sharded: Option<ShardedGradients>,
+    /// ZeRO-2 on the device path: read each bucket's pieces of the shard to the host as soon
+    /// as they are final (`Reducer::stream_gradient_shard`), from the next window on.
+    stream_shard: bool,
     written: Vec<bool>,
     /// Which parameters produced a gradient in the last finished backward.
     arrived_last: Vec<bool>,
@@ -233,6 +247,7 @@ impl Reducer {
             micro_batch: 0,
             store: Store::Host(Vec::new()),
             sharded: None,
+            stream_shard: false,
             written: Vec::new(),
             arrived_last: Vec::new(),
             used_in_window: Vec::new(),
@@ -326,11 +341,27 @@ impl Reducer {
                 let shard = device.take_shard().ok_or_else(|| {
                     DistError::Usage("the device reducer holds no gradient shard".into())
                 })?;
-                device.read_shard(shard, self.comm.rank())?
+                // Read bucket by bucket during backward when streamed; else read now.
+                let started = std::time::Instant::now();
+                let values = match device.take_streamed_shard()? {
+                    Some(values) => values,
+                    None => device.read_shard(shard, self.comm.rank())?,
+                };
+                self.stats.shard_wait_nanos += started.elapsed().as_nanos() as u64;
+                values
             }
             Store::Host(_) => values,
         };
         Ok(GradientShard { values, used })
+    }
+
+    /// ZeRO-2 on the device path, for an optimizer that takes the shard on the host
+    /// ([`Reducer::take_gradient_shard`]): from the next accumulation window on, each bucket's
+    /// pieces of the shard are read to the host as soon as its reduction is taken in on the
+    /// window's last micro-batch, overlapped with the rest of backward, instead of all at once
+    /// when the shard is taken. Nothing changes on the host path.
+    pub(crate) fn stream_gradient_shard(&mut self, on: bool) {
+        self.stream_shard = on;
     }
 
     /// ZeRO-2 on the device path: the last finished window's gradient shard in device memory
@@ -526,7 +557,7 @@ impl Reducer {
                 sharded.begin_window();
                 #[cfg(feature = "device")]
                 if let Store::Device(device) = &mut self.store {
-                    device.begin_shard_window(sharded.flat().shard_len);
+                    device.begin_shard_window(sharded.flat().shard_len, self.stream_shard);
                 }
             }
         }
@@ -788,12 +819,21 @@ impl Reducer {
                 for reduction in pending {
                     reduction.wait()?;
                 }
+                let last = step.window_end;
+                let in_backward = step.remaining.iter().any(|&r| r > 0);
                 let bucket = &self.layout.buckets[b];
                 let received = if let (Some(sharded), Store::Device(device)) =
                     (self.sharded.as_mut(), &mut self.store)
                 {
-                    let first = self.micro_batch == 0;
-                    device.add_owned(bucket, sharded.flat(), self.comm.rank(), first)?
+                    let window = (self.micro_batch == 0, last);
+                    let reads = device.shard_reads();
+                    let owned =
+                        device.add_owned(bucket, sharded.flat(), self.comm.rank(), window)?;
+                    if device.shard_reads() > reads {
+                        self.stats.shard_reads += 1;
+                        self.stats.shard_reads_in_backward += u64::from(in_backward);
+                    }
+                    owned
                 } else {
                     bucket.len
                 };

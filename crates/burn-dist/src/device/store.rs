@@ -25,7 +25,8 @@ use burn_backend::{Scalar, Slice, TensorMetadata, read_sync};
 use burn_cubecl::CubeBackend;
 use burn_cubecl::tensor::CubeTensor;
 use burn_dist_device::{
-    DeviceCollectives, DeviceDType, DevicePending, DeviceSlice, Traffic, download,
+    DeviceCollectives, DeviceDType, DevicePending, DeviceSlice, PendingDownload, Traffic, download,
+    download_async,
 };
 
 use super::copy::{CopyCounts, contiguous_copy, copy_reason};
@@ -64,17 +65,21 @@ pub(crate) trait DeviceBuckets: Send {
         numels: &[usize],
         owners: Option<&FlatLayout>,
     ) -> Result<Vec<Vec<DevicePending>>, DistError>;
-    /// ZeRO-2: a new window's gradient shard of `shard_len` f32 zeros, in device memory.
-    fn begin_shard_window(&mut self, shard_len: usize);
-    /// ZeRO-2, after a bucket's reduction: copies (`first` micro-batch) or adds this rank's
-    /// pieces of the bucket's gradients into the device shard, on the device; drops the
-    /// bucket's gradients; returns the elements this rank owned.
+    /// ZeRO-2: a new window's gradient shard of `shard_len` f32 zeros, in device memory;
+    /// `stream`: read it to the host bucket by bucket on the window's last micro-batch
+    /// ([`DeviceBuckets::take_streamed_shard`]).
+    fn begin_shard_window(&mut self, shard_len: usize, stream: bool);
+    /// ZeRO-2, after a bucket's reduction: copies (the window's first micro-batch) or adds
+    /// this rank's pieces of the bucket's gradients into the device shard, on the device;
+    /// drops the bucket's gradients; returns the elements this rank owned. `(first, last)`:
+    /// where the micro-batch stands in the window; on the last, a streamed window issues the
+    /// read of the bucket's range of the shard.
     fn add_owned(
         &mut self,
         bucket: &Bucket,
         flat: &FlatLayout,
         rank: usize,
-        first: bool,
+        window: (bool, bool),
     ) -> Result<usize, DistError>;
     /// ZeRO-2, at the end of a window of `micro_batches`: the shard becomes their mean.
     fn end_shard_window(&mut self, micro_batches: usize);
@@ -83,6 +88,12 @@ pub(crate) trait DeviceBuckets: Send {
     /// A shard [`DeviceBuckets::take_shard`] returned, read to the host (a host optimizer).
     fn read_shard(&self, shard: Box<dyn std::any::Any>, rank: usize)
     -> Result<Vec<f32>, DistError>;
+    /// Reads of the shard issued in this window so far (a streamed window's buckets).
+    fn shard_reads(&self) -> usize;
+    /// A streamed window's finished shard on the host: the reads issued bucket by bucket,
+    /// waited for, with what the device shard got after them (the window's mean, a test's
+    /// poison) applied the same way; `None` when the window was not streamed.
+    fn take_streamed_shard(&mut self) -> Result<Option<Vec<f32>>, DistError>;
     /// Adds `value` to the finished shard's first element; false without one (tests).
     fn add_to_shard_start(&mut self, value: f32) -> bool;
     /// Replaces the gradient at `target` with `p`'s reduced one, scaled by `scale`.
@@ -120,6 +131,40 @@ pub(crate) struct DeviceStore<B: CubeResident> {
     copies: CopyCounts,
     /// ZeRO-2: this rank's gradient shard (f32), accumulated over the window.
     shard: Option<CubeTensor<B::Runtime>>,
+    /// ZeRO-2, a streamed window: the shard's reads, issued during backward.
+    streamed: Option<StreamedShard>,
+}
+
+/// A gradient shard read to the host bucket by bucket ([`DeviceBuckets::begin_shard_window`]
+/// with `stream`).
+struct StreamedShard {
+    len: usize,
+    /// Per bucket with elements on this rank: its range of the shard and the read issued.
+    reads: Vec<(Range<usize>, PendingDownload)>,
+    /// The window's 1/K after K micro-batches, multiplied in on the device after the reads.
+    scale: Option<f32>,
+    /// What tests added to the shard's first element after the reads, in order.
+    added_to_start: Vec<f32>,
+}
+
+impl StreamedShard {
+    /// The shard as the device holds it: the reads in place, zeros elsewhere (padding past
+    /// the last parameter, which no bucket covers), then the same f32 operations as the
+    /// device's, in the same order, so the values are the device shard's bit for bit.
+    fn finish(self) -> Result<Vec<f32>, DistError> {
+        let mut values = vec![0.0f32; self.len];
+        for (range, read) in self.reads {
+            let read = read.wait()?.to_f32_vec();
+            values[range].copy_from_slice(&read);
+        }
+        if let Some(scale) = self.scale {
+            values.iter_mut().for_each(|v| *v *= scale);
+        }
+        for value in self.added_to_start {
+            values[0] += value;
+        }
+        Ok(values)
+    }
 }
 
 impl<B: CubeResident> DeviceStore<B> {
@@ -137,6 +182,7 @@ impl<B: CubeResident> DeviceStore<B> {
             launches: 0,
             copies: CopyCounts::default(),
             shard: None,
+            streamed: None,
         }
     }
 
@@ -292,7 +338,13 @@ impl<B: CubeResident> DeviceBuckets for DeviceStore<B> {
         Ok(launched)
     }
 
-    fn begin_shard_window(&mut self, shard_len: usize) {
+    fn begin_shard_window(&mut self, shard_len: usize, stream: bool) {
+        self.streamed = stream.then(|| StreamedShard {
+            len: shard_len,
+            reads: Vec::new(),
+            scale: None,
+            added_to_start: Vec::new(),
+        });
         self.shard = Some(Cube::<B::Runtime>::float_zeros(
             Shape::new([shard_len]),
             &self.device,
@@ -305,9 +357,12 @@ impl<B: CubeResident> DeviceBuckets for DeviceStore<B> {
         bucket: &Bucket,
         flat: &FlatLayout,
         rank: usize,
-        first: bool,
+        (first, last): (bool, bool),
     ) -> Result<usize, DistError> {
         let start = flat.shard(rank).start;
+        // The bucket's elements in this rank's shard: one range, since a frozen ZeRO-2 bucket
+        // is a contiguous run of the flat layout.
+        let mut span: Option<Range<usize>> = None;
         let mut shard = self.shard.take().ok_or_else(|| {
             DistError::Usage("no gradient shard on the device for this window".into())
         })?;
@@ -339,6 +394,23 @@ impl<B: CubeResident> DeviceBuckets for DeviceStore<B> {
             };
             shard = Cube::float_slice_assign(shard, &range, value);
             owned += within.len();
+            span = Some(match span {
+                Some(s) => s.start.min(at)..s.end.max(at + within.len()),
+                None => at..at + within.len(),
+            });
+        }
+        if let (true, Some(streamed), Some(span)) = (last, self.streamed.as_mut(), span) {
+            // The copy into the read's staging buffer is ordered before the next bucket's
+            // kernels on the shard, so this reads the bucket's final values.
+            let slice = DeviceSlice::new(
+                shard.client.clone(),
+                shard.handle.clone(),
+                span.start,
+                span.len(),
+                DeviceDType::F32,
+            );
+            let read = download_async(&slice, self.collectives.traffic(), rank)?;
+            streamed.reads.push((span, read));
         }
         self.shard = Some(shard);
         Ok(owned)
@@ -350,6 +422,9 @@ impl<B: CubeResident> DeviceBuckets for DeviceStore<B> {
         {
             // The same f32 product as the host shard's.
             let scale = 1.0 / micro_batches as f32;
+            if let Some(streamed) = self.streamed.as_mut() {
+                streamed.scale = Some(scale);
+            }
             self.shard = Some(Cube::float_mul_scalar(
                 shard,
                 Scalar::new(scale, &DType::F32),
@@ -380,10 +455,21 @@ impl<B: CubeResident> DeviceBuckets for DeviceStore<B> {
         Ok(values.to_f32_vec())
     }
 
+    fn shard_reads(&self) -> usize {
+        self.streamed.as_ref().map_or(0, |s| s.reads.len())
+    }
+
+    fn take_streamed_shard(&mut self) -> Result<Option<Vec<f32>>, DistError> {
+        self.streamed.take().map(StreamedShard::finish).transpose()
+    }
+
     fn add_to_shard_start(&mut self, value: f32) -> bool {
         let Some(shard) = self.shard.take() else {
             return false;
         };
+        if let Some(streamed) = self.streamed.as_mut() {
+            streamed.added_to_start.push(value);
+        }
         let first = Cube::float_slice(shard.clone(), &[slice(0..1)]);
         let first = Cube::float_add_scalar(first, Scalar::new(value, &DType::F32));
         self.shard = Some(Cube::float_slice_assign(shard, &[slice(0..1)], first));
