@@ -521,8 +521,8 @@ impl Ddp {
     /// reduction is taken in on the window's last micro-batch, so that only the last
     /// buckets' reads remain when backward ends. On from the next accumulation window;
     /// off by default; it changes nothing on the host path. The values are the same bit for
-    /// bit either way, and so are the bytes read (this rank's elements of the shard, less
-    /// the padding past the last parameter, which is zero and not read when streamed).
+    /// bit either way; streamed, the padding past the last parameter (zero) is not read, so
+    /// the last rank reads those bytes less.
     pub fn stream_gradient_shard_to_host(&self, on: bool) {
         lock(&self.reducer).stream_gradient_shard(on);
     }
