@@ -30,4 +30,4 @@ pub use error::{Result, ZeroError};
 pub use loaded::Replacements;
 pub use ruled_adamw::RuledAdamW;
 pub use shard::{OptimizerShard, StepReport};
-pub use zero_adam::{ZeroAdam, ZeroAdamRecord};
+pub use zero_adam::{Placement, ZeroAdam, ZeroAdamRecord};

@@ -46,7 +46,7 @@ use burn::tensor::{DType, Shape, TensorData};
 use burn_cubecl::cubecl::Runtime;
 use burn_cubecl::cubecl::prelude::ComputeClient;
 use burn_cubecl::cubecl::server::Handle;
-use burn_dist::{CubeResident, ParamInfo, SyncHandle};
+use burn_dist::{CubeResident, ParamInfo};
 use burn_dist_comm::HostBuffer;
 use burn_dist_device::{
     DeviceCollectives, DeviceDType, DeviceSlice, Traffic, create_staged, download,
@@ -56,9 +56,7 @@ use burn_dist_kernels::FusedAdam;
 use crate::error::Result;
 use crate::flat::{FlatLayout, Piece};
 use crate::new_params::{NewParameters, ParamGather, WriteDeviceParams};
-use crate::resident::{
-    DeviceGradient, copy_piece, gradient_on_device, model_dtypes, reducer_gradient_shard,
-};
+use crate::resident::{DeviceGradient, copy_piece, gradient_pieces_on_device, model_dtypes};
 
 /// What the offloaded step asks of the device, whatever the backend (ZeroAdam is not generic).
 pub(crate) trait OffloadState: DeviceGradient + NewParameters + Send {
@@ -151,13 +149,6 @@ impl<B: CubeResident> DeviceGradient for Offloaded<B> {
             .clone();
         copy_piece::<B>(&self.f32_shard(grads), piece, grad, "a gradient", self.rank)
     }
-
-    /// Read to the host by [`OffloadState::download_gradient`]. Not called by the offloaded
-    /// step, which takes stage 2 and 3's shard on the host, read during backward.
-    fn gradient_shard(&mut self, shard: Box<dyn Any>) -> Result<()> {
-        self.grads = Some(reducer_gradient_shard::<B>(shard, self.layout.shard_len)?);
-        Ok(())
-    }
 }
 
 impl<B: CubeResident> NewParameters for Offloaded<B> {
@@ -227,9 +218,8 @@ pub(crate) fn gradient_to_host<B: AutodiffBackend, M: AutodiffModule<B>>(
     shard_len: usize,
     model: &M,
     grads: &GradientsParams,
-    sync: &SyncHandle,
 ) -> Result<(Vec<f32>, Vec<bool>, Vec<bool>)> {
-    let has_grad = gradient_on_device::<B, M>(1, params, pieces, model, grads, sync, offload)?;
+    let has_grad = gradient_pieces_on_device::<B, M>(params, pieces, model, grads, offload)?;
     let present: Vec<bool> = pieces.iter().map(|p| has_grad[p.param]).collect();
     let mut grad = vec![0.0f32; shard_len];
     if let Some(read) = offload.download_gradient()? {

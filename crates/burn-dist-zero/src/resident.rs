@@ -40,21 +40,18 @@ use crate::new_params::{NewParameters, ParamGather};
 /// Bytes of the hyper-parameters `FusedAdam::update` uploads each step (nine f32).
 const HYPER_BYTES: usize = 9 * 4;
 
-/// Where the rank's shard of the gradient lies on the device path, for either owner of the
+/// Where stage 1's shard of the gradient is gathered on the device, for either owner of the
 /// optimizer state (in device memory, `Resident`; offloaded, `crate::offload`): filled by
-/// [`gradient_on_device`].
+/// [`gradient_pieces_on_device`].
 pub(crate) trait DeviceGradient {
-    /// Stage 1: copies `piece` of the parameter's gradient (`grad`, the backend's float
-    /// primitive) into the gradient shard, on the device.
+    /// Copies `piece` of the parameter's gradient (`grad`, the backend's float primitive)
+    /// into the gradient shard, on the device.
     fn gradient_piece(&mut self, piece: &Piece, grad: &dyn Any) -> Result<()>;
-    /// Stage 2: the reducer's gradient shard in device memory
-    /// (`Ddp::take_device_gradient_shard`), which becomes the gradient shard as it is.
-    fn gradient_shard(&mut self, shard: Box<dyn Any>) -> Result<()>;
 }
 
 /// Step 1 on the device path: this rank's shard of the averaged gradient into `device` (the
-/// reducer's device shard at stage 2; this rank's pieces of each gradient copied at stage 1),
-/// and per parameter whether it had a gradient.
+/// reducer's device shard at stages 2 and 3; this rank's pieces of each gradient copied at
+/// stage 1), and per parameter whether it had a gradient.
 pub(crate) fn gradient_on_device<B: AutodiffBackend, M: AutodiffModule<B>>(
     stage: u8,
     params: &[ParamInfo],
@@ -62,13 +59,25 @@ pub(crate) fn gradient_on_device<B: AutodiffBackend, M: AutodiffModule<B>>(
     model: &M,
     grads: &GradientsParams,
     sync: &SyncHandle,
-    device: &mut dyn DeviceGradient,
+    device: &mut dyn ResidentState,
 ) -> Result<Vec<bool>> {
     if stage >= 2 {
         let (shard, used) = sync.take_device_gradient_shard()?;
         device.gradient_shard(shard)?;
         return Ok(used);
     }
+    gradient_pieces_on_device::<B, M>(params, pieces, model, grads, device)
+}
+
+/// Stage 1's step 1 on the device path: this rank's pieces of each all-reduced gradient
+/// copied into `device`'s gradient shard, and per parameter whether it had a gradient.
+pub(crate) fn gradient_pieces_on_device<B: AutodiffBackend, M: AutodiffModule<B>>(
+    params: &[ParamInfo],
+    pieces: &[Piece],
+    model: &M,
+    grads: &GradientsParams,
+    device: &mut dyn DeviceGradient,
+) -> Result<Vec<bool>> {
     let mut gather = GatherShard::<B> {
         params,
         pieces,
@@ -87,7 +96,7 @@ pub(crate) fn gradient_on_device<B: AutodiffBackend, M: AutodiffModule<B>>(
 
 /// The reducer's gradient shard (`Ddp::take_device_gradient_shard`, behind `dyn Any`) as the
 /// buffer of an f32 shard of `shard_len` elements, checked to be one.
-pub(crate) fn reducer_gradient_shard<B: CubeResident>(
+fn reducer_gradient_shard<B: CubeResident>(
     shard: Box<dyn Any>,
     shard_len: usize,
 ) -> Result<Handle> {
@@ -114,6 +123,9 @@ pub(crate) fn reducer_gradient_shard<B: CubeResident>(
 
 /// What ZeroAdam asks of its device state, whatever the backend (ZeroAdam is not generic).
 pub(crate) trait ResidentState: DeviceGradient + NewParameters + Send {
+    /// Stages 2 and 3: the reducer's gradient shard in device memory
+    /// (`Ddp::take_device_gradient_shard`), which becomes the gradient shard as it is.
+    fn gradient_shard(&mut self, shard: Box<dyn Any>) -> Result<()>;
     /// Stages 1 and 2: copies `piece` of a parameter's values (`param`, the backend's float
     /// primitive, in the model's dtype) into the master weights, converted to f32, on the
     /// device: a parameter replaced since the last step (`crate::loaded`).
@@ -264,12 +276,6 @@ impl<B: CubeResident> DeviceGradient for Resident<B> {
     fn gradient_piece(&mut self, piece: &Piece, grad: &dyn Any) -> Result<()> {
         self.copy_piece(piece, grad, "a gradient", &self.buffers.grads)
     }
-
-    fn gradient_shard(&mut self, shard: Box<dyn Any>) -> Result<()> {
-        // The reducer hands it over: nothing else holds it, and pass 1 unscales it in place.
-        self.buffers.grads = reducer_gradient_shard::<B>(shard, self.layout.shard_len)?;
-        Ok(())
-    }
 }
 
 impl<B: CubeResident> NewParameters for Resident<B> {
@@ -279,6 +285,12 @@ impl<B: CubeResident> NewParameters for Resident<B> {
 }
 
 impl<B: CubeResident> ResidentState for Resident<B> {
+    fn gradient_shard(&mut self, shard: Box<dyn Any>) -> Result<()> {
+        // The reducer hands it over: nothing else holds it, and pass 1 unscales it in place.
+        self.buffers.grads = reducer_gradient_shard::<B>(shard, self.layout.shard_len)?;
+        Ok(())
+    }
+
     fn take_master_piece(&mut self, piece: &Piece, param: &dyn Any) -> Result<()> {
         self.copy_piece(piece, param, "a parameter", &self.buffers.master)
     }

@@ -183,6 +183,18 @@ impl Shard {
         self.master.len() + self.m.len() + self.v.len()
     }
 
+    pub(crate) fn placement(&self) -> crate::Placement {
+        #[cfg(feature = "device")]
+        if self.device.is_some() {
+            return crate::Placement::Device;
+        }
+        #[cfg(feature = "device")]
+        if self.offload.is_some() {
+            return crate::Placement::Offloaded;
+        }
+        crate::Placement::Host
+    }
+
     /// Stage 3 in f32: the master weights are the model's pieces, not `self.master`.
     fn shares_master(&self) -> bool {
         self.shards.as_ref().is_some_and(|s| s.holds_f32_shard())
@@ -482,7 +494,6 @@ impl Shard {
                     self.layout.shard_len,
                     &model,
                     &grads,
-                    sync,
                 )?)
             }
             _ => None,

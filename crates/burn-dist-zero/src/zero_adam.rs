@@ -67,6 +67,28 @@ impl<B: Backend> Record<B> for ZeroAdamRecord {
     }
 }
 
+/// Where [`ZeroAdam`]'s state lives ([`ZeroAdam::placement`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placement {
+    /// In host memory, updated by the host step, beside a model on the host path.
+    Host,
+    /// In the model's device memory, updated by the fused kernels ([`ZeroAdam::on_device`]).
+    Device,
+    /// In host memory, updated by the host step, beside a model and a reducer in device
+    /// memory ([`ZeroAdam::offloaded`]).
+    Offloaded,
+}
+
+impl std::fmt::Display for Placement {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Placement::Host => "host memory (the host path)",
+            Placement::Device => "device memory (on_device)",
+            Placement::Offloaded => "host memory beside the device model (offloaded)",
+        })
+    }
+}
+
 impl ZeroAdam {
     pub(crate) fn new<B: AutodiffBackend, M: AutodiffModule<B>>(
         config: ZeroAdamConfig,
@@ -98,6 +120,11 @@ impl ZeroAdam {
         self.lock().state_len()
     }
 
+    /// Where the state lives and which step updates it.
+    pub fn placement(&self) -> Placement {
+        self.lock().placement()
+    }
+
     /// Moves the optimizer state into the device memory of the model's backend `D` (a
     /// burn-cubecl backend, fusion on or off, with `ddp` on the device path:
     /// `Ddp::init_nccl::<D>`, `Ddp::init_staged::<D>`). From then on a step runs entirely
@@ -124,7 +151,9 @@ impl ZeroAdam {
     /// ZeRO stages 1 to 3.
     ///
     /// Each step the gradient is reduced on the device as with `on_device`, this rank's shard
-    /// of it is read to the host once (`4 · shard_len` bytes), the host step updates the state
+    /// of it is read to the host once (`4 · shard_len` bytes; at stages 2 and 3 bucket by
+    /// bucket during backward, `Ddp::stream_gradient_shard_to_host`, on for every ZeroAdam
+    /// but `on_device`'s; at stage 1 after backward), the host step updates the state
     /// (the host path's step: clipping, loss scaling and per-parameter step counts included),
     /// and the new shard in the model's dtype goes back up (`p · shard_len` bytes): at stages 1
     /// and 2 to be all-gathered device to device into the model, as with `on_device`; at stage
@@ -132,8 +161,6 @@ impl ZeroAdam {
     /// `Ddp::prepare_sharded` on the device path; otherwise [`ZeroError::Stage3OnDevice`]).
     /// Between steps the device holds only the parameters (at stage 3, this rank's pieces of
     /// them). All parameters must share one dtype.
-    ///
-    /// Not yet: the copy down overlapped with backward (it runs after it).
     #[cfg(feature = "device")]
     pub fn offloaded<D: burn_dist::CubeResident>(
         self,

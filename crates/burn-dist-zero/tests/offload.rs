@@ -60,6 +60,7 @@ macro_rules! at_stage {
 /// backend `B` (`at_stage!`).
 fn train_staged_on<B: DistributedAutodiff<Device = WgpuDevice>>(
     world: usize,
+    ddp_config: &DdpConfig,
     config: ZeroAdamConfig,
     place: Place,
 ) -> Vec<(Vec<Vec<f32>>, ReducerStats)> {
@@ -69,16 +70,20 @@ fn train_staged_on<B: DistributedAutodiff<Device = WgpuDevice>>(
         place,
         device: WgpuDevice::default(),
     };
-    train_placed::<B, Wgpu>(world, &DdpConfig::new(), &placed, STEPS, GLOBAL_BATCH, LR)
+    train_placed::<B, Wgpu>(world, ddp_config, &placed, STEPS, GLOBAL_BATCH, LR)
 }
 
-/// [`train_staged_on`] on the backend of `config`'s stage.
+/// [`train_staged_on`] on the backend of `config`'s stage, one micro-batch per step.
 fn train_staged(
     world: usize,
     config: ZeroAdamConfig,
     place: Place,
 ) -> Vec<(Vec<Vec<f32>>, ReducerStats)> {
-    at_stage!(config.stage, train_staged_on(world, config, place))
+    let ddp_config = DdpConfig::new();
+    at_stage!(
+        config.stage,
+        train_staged_on(world, &ddp_config, config, place)
+    )
 }
 
 /// The host path (`Ddp::for_thread`: each gradient read to the host, reduced by the host
@@ -86,12 +91,13 @@ fn train_staged(
 /// in host memory) on the same wgpu device, on backend `B`.
 fn train_host_path<B: DistributedAutodiff<Device = WgpuDevice>>(
     world: usize,
+    ddp_config: &DdpConfig,
     config: ZeroAdamConfig,
 ) -> Vec<Vec<Vec<f32>>> {
     burn_dist_kernels::testing::wgpu_client();
     train_ranks::<B>(
         world,
-        &DdpConfig::new(),
+        ddp_config,
         Synthetic::Mlp,
         &config,
         STEPS,
@@ -151,20 +157,32 @@ fn offloaded_step_equals_the_device_step_at_stages_1_to_3() {
 
 /// The host path on the same wgpu device: the same arithmetic as the offloaded step, in the
 /// same order, so the same bits. With clipping, which the host step does on both.
+///
+/// Also over accumulation windows of 3 micro-batches on 2 ranks: at stages 2 and 3 the shard
+/// read during backward is the sum of the window's micro-batches, and its mean is taken on the
+/// host (the device shard is not scaled too, `DeviceBuckets::end_shard_window`).
 #[test]
 fn offloaded_step_equals_the_host_path_bit_for_bit() {
-    for stage in STAGES {
-        for world in [1, 2, 3] {
+    let runs = [1, 2, 3]
+        .map(|world| (world, 1))
+        .into_iter()
+        .chain([(2, 3)]);
+    for (world, accumulation) in runs {
+        let ddp_config = DdpConfig::new().with_accumulation_steps(accumulation);
+        for stage in STAGES {
             let config = ZeroAdamConfig::new()
                 .with_stage(stage)
                 .with_max_grad_norm(Some(0.05));
-            let host = at_stage!(stage, train_host_path(world, config.clone()));
-            let offloaded = train_staged(world, config, Place::Offloaded);
+            let host = at_stage!(stage, train_host_path(world, &ddp_config, config.clone()));
+            let offloaded = at_stage!(
+                stage,
+                train_staged_on(world, &ddp_config, config, Place::Offloaded)
+            );
             for (rank, (host, (offloaded, _))) in host.iter().zip(&offloaded).enumerate() {
                 assert!(
                     host == offloaded,
-                    "stage {stage}, {world} ranks, rank {rank}: the offloaded step and the host \
-                     path differ"
+                    "stage {stage}, {world} ranks × {accumulation} micro-batches, rank {rank}: \
+                     the offloaded step and the host path differ"
                 );
             }
         }
@@ -713,4 +731,130 @@ fn offload_refuses_what_it_cannot_do_by_name() {
         error.to_string().contains("ZeroAdam::offloaded at stage 3"),
         "{error}"
     );
+}
+
+/// A window streamed to the host leaves a device shard that is not the window's mean (its
+/// mean is taken on the host): a step that would update from it in device memory is refused,
+/// naming the switch, instead of stepping on the wrong gradient.
+#[test]
+fn the_device_step_refuses_a_gradient_shard_streamed_to_the_host() {
+    burn_dist_kernels::testing::wgpu_client();
+    let device = WgpuDevice::default();
+    let comm = HostCommunicator::local_group(1, &CommConfig::default()).remove(0);
+    let config = DdpConfig::new().with_accumulation_steps(2);
+    let mut ddp = Ddp::for_thread_staged::<Wgpu>(comm, config, &device);
+    let mut model = ddp
+        .prepare(Mlp::<OnWgpu>::new(&MLP_SIZES, 7, &device))
+        .unwrap();
+    let mut zero = ZeroAdamConfig::new()
+        .with_stage(2)
+        .init::<OnWgpu, _>(&ddp, &model)
+        .unwrap()
+        .on_device::<Wgpu>(&ddp, &device)
+        .unwrap();
+    ddp.stream_gradient_shard_to_host(true);
+    let [input, .., output] = MLP_SIZES;
+    let mut grads = None;
+    for micro_batch in 0..2 {
+        model = ddp.mark(model);
+        let x = synthetic_rows::<OnWgpu, 2>(0, micro_batch, [4, input], 0..4, &device);
+        let y = synthetic_rows::<OnWgpu, 2>(1, micro_batch, [4, output], 0..4, &device);
+        let loss = (model.forward(x) - y).powi_scalar(2).mean();
+        grads = ddp.backward(loss, &model).unwrap();
+    }
+    let grads = grads.expect("the window's last micro-batch");
+    let error = zero
+        .step(LR, model, grads, &ddp)
+        .expect_err("a streamed shard stepped on the device");
+    assert!(
+        error.to_string().contains("streamed to the host")
+            && error.to_string().contains("stream_gradient_shard_to_host"),
+        "{error}"
+    );
+}
+
+/// Two MLP branches, the second used on no rank (`unused_everywhere`) or on rank 0 only: a
+/// parameter without a gradient in a step. Offloaded, the step is the host path's bit for bit
+/// at stages 1 to 3 on 2 ranks: a branch no rank used has no gradient anywhere and keeps its
+/// initial values (its Adam step count does not advance), and one used on rank 0 only gets the
+/// average everywhere (stages 1 and 2: at stage 3 every rank must use the sharded parameters
+/// alike, a use is a gather).
+#[test]
+fn offloaded_step_treats_parameters_without_a_gradient_as_the_host_path_does() {
+    for unused_everywhere in [true, false] {
+        let stages = if unused_everywhere {
+            &STAGES[..]
+        } else {
+            &STAGES[..2]
+        };
+        for &stage in stages {
+            let host = at_stage!(stage, two_branches(stage, None, unused_everywhere));
+            let offloaded = at_stage!(
+                stage,
+                two_branches(stage, Some(Place::Offloaded), unused_everywhere)
+            );
+            let what =
+                format!("stage {stage}, second branch unused everywhere: {unused_everywhere}");
+            assert!(
+                host == offloaded,
+                "{what}: offloaded and the host path differ"
+            );
+            let first_layer = MLP_SIZES.len() - 1;
+            let initial =
+                parameters::<OnWgpu, _>(&Mlp::<OnWgpu>::new(&MLP_SIZES, 8, &WgpuDevice::default()));
+            let second = &offloaded[0][2 * first_layer..];
+            assert_eq!(
+                second == &initial[..],
+                unused_everywhere,
+                "{what}: the second branch's values"
+            );
+        }
+    }
+}
+
+/// [`offloaded_step_treats_parameters_without_a_gradient_as_the_host_path_does`]'s run on 2
+/// ranks on backend `B`: ZeroAdam at `stage`, placed at `place` with the staged collectives,
+/// or on the host path (`None`); per rank, its final parameters.
+fn two_branches<B: DistributedAutodiff<Device = WgpuDevice>>(
+    stage: u8,
+    place: Option<Place>,
+    unused_everywhere: bool,
+) -> Vec<Vec<Vec<f32>>> {
+    const WORLD: usize = 2;
+    burn_dist_kernels::testing::wgpu_client();
+    let device = WgpuDevice::default();
+    let comms = HostCommunicator::local_group(WORLD, &CommConfig::default());
+    burn_dist_comm::testing::run_ranks(comms, |rank, comm| {
+        let mut ddp = match place {
+            Some(_) => Ddp::for_thread_staged::<Wgpu>(comm, DdpConfig::new(), &device),
+            None => Ddp::for_thread(comm, DdpConfig::new()),
+        };
+        let branches: Vec<Mlp<B>> = (0..2)
+            .map(|i| Mlp::new(&MLP_SIZES, 7 + i, &device))
+            .collect();
+        let mut model = B::prepare_model(&mut ddp, branches).expect("prepared");
+        let zero = ZeroAdamConfig::new()
+            .with_stage(stage)
+            .init::<B, _>(&ddp, &model)
+            .expect("ZeroAdam built");
+        let mut zero = match place {
+            Some(place) => place.apply::<Wgpu>(zero, &ddp, &device).expect("placed"),
+            None => zero,
+        };
+        let rows = shard_rows(GLOBAL_BATCH, rank, WORLD);
+        for step in 0..STEPS {
+            model = ddp.mark(model);
+            let x = || {
+                synthetic_rows::<B, 2>(0, step, [GLOBAL_BATCH, MLP_SIZES[0]], rows.clone(), &device)
+            };
+            let mut out = model[0].forward(x());
+            if !unused_everywhere && rank == 0 {
+                out = out + model[1].forward(x());
+            }
+            let loss = out.powi_scalar(2).mean();
+            let grads = ddp.backward(loss, &model).unwrap().unwrap();
+            model = zero.step(LR, model, grads, &ddp).unwrap().0;
+        }
+        parameters::<B, _>(&model)
+    })
 }

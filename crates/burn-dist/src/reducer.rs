@@ -377,6 +377,16 @@ impl Reducer {
         else {
             return Err(DistError::NoGradientShard { on_device: true });
         };
+        if device.streamed() {
+            // Its device copy is not the window's mean: taking it would step on a wrong
+            // gradient.
+            return Err(DistError::Usage(
+                "this window's gradient shard was streamed to the host \
+                 (Ddp::stream_gradient_shard_to_host is on): take it with \
+                 Ddp::take_gradient_shard, or turn streaming off before the window begins"
+                    .into(),
+            ));
+        }
         let shard = device
             .take_shard()
             .ok_or_else(|| DistError::Usage("the device reducer holds no gradient shard".into()))?;
@@ -826,14 +836,13 @@ impl Reducer {
                     (self.sharded.as_mut(), &mut self.store)
                 {
                     let window = (self.micro_batch == 0, last);
-                    let reads = device.shard_reads();
-                    let owned =
+                    let added =
                         device.add_owned(bucket, sharded.flat(), self.comm.rank(), window)?;
-                    if device.shard_reads() > reads {
+                    if added.read_issued {
                         self.stats.shard_reads += 1;
                         self.stats.shard_reads_in_backward += u64::from(in_backward);
                     }
-                    owned
+                    added.elements
                 } else {
                     bucket.len
                 };

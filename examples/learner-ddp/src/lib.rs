@@ -51,6 +51,16 @@ impl OptimizerChoice {
     }
 }
 
+/// The backend a run trains on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum BackendChoice {
+    /// burn-flex on the CPU: the host path.
+    #[default]
+    Flex,
+    /// Burn's `Wgpu` (fusion on, feature `wgpu`): the device path.
+    Wgpu,
+}
+
 /// What one training run does; the Learner run and the reference loop take the same values.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Run {

@@ -15,17 +15,18 @@ use std::process::ExitCode;
 
 use burn::backend::Autodiff;
 use burn::optim::AdamConfig;
+use burn::tensor::backend::Backend;
 use burn_dist::{Ddp, DdpConfig, DistributedAutodiff, DistributedBackend, Sharded};
 use burn_dist_models::step::{float_params, write_params};
-use burn_dist_zero::ZeroAdamConfig;
+use burn_dist_zero::{ZeroAdam, ZeroAdamConfig};
 use burn_flex::{Flex, FlexDevice};
 use clap::Parser;
 use learner_ddp::model::Regressor;
-use learner_ddp::{MODEL_SEED, OptimizerChoice, Run, learner};
+use learner_ddp::{BackendChoice, MODEL_SEED, OptimizerChoice, Run, learner};
 
-type B = Autodiff<DistributedBackend<Flex>>;
-/// The backend at ZeRO stage 3 (`--optimizer zero3`).
-type Sharded3 = Autodiff<DistributedBackend<Flex, Sharded>>;
+/// Where ZeroAdam's state goes once built: kept as it is on Flex (the host path); on the device
+/// path into device memory or, with `--offload`, host memory beside the device model.
+type PlaceZero<'a> = &'a dyn Fn(ZeroAdam, &Ddp) -> burn_dist_zero::Result<ZeroAdam>;
 
 #[derive(Parser)]
 #[command(about = "Train an MLP with burn-train's Learner, data-parallel across processes")]
@@ -58,6 +59,14 @@ struct Args {
     /// Rank 0 writes the final parameters here (burn_dist_models::step::write_params format).
     #[arg(long)]
     out: Option<PathBuf>,
+    /// `wgpu`: Burn's `Wgpu` (fusion on) with gradients reduced in device memory
+    /// (`Ddp::init_staged`); ZeroAdam's state then lives in device memory (`on_device`).
+    #[arg(long, value_enum, default_value_t = BackendChoice::Flex)]
+    backend: BackendChoice,
+    /// With `--backend wgpu` and ZeroAdam: its state in host memory beside the device model
+    /// (`ZeroAdam::offloaded`).
+    #[arg(long)]
+    offload: bool,
 }
 
 fn main() -> ExitCode {
@@ -71,7 +80,54 @@ fn main() -> ExitCode {
 }
 
 fn train(args: Args) -> Result<(), String> {
-    let mut ddp = Ddp::init(DdpConfig::new()).map_err(|e| format!("joining the job: {e}"))?;
+    if args.offload
+        && (args.backend != BackendChoice::Wgpu || args.optimizer.zero_stage().is_none())
+    {
+        return Err(
+            "--offload needs --backend wgpu and a ZeroAdam --optimizer (zero1, zero2 \
+                    or zero3): it moves ZeroAdam's state from device to host memory"
+                .into(),
+        );
+    }
+    match args.backend {
+        BackendChoice::Flex => {
+            let mut ddp =
+                Ddp::init(DdpConfig::new()).map_err(|e| format!("joining the job: {e}"))?;
+            train_on::<Flex>(&args, &mut ddp, &FlexDevice, &|zero, _| Ok(zero))
+        }
+        BackendChoice::Wgpu => wgpu(&args),
+    }
+}
+
+#[cfg(feature = "wgpu")]
+fn wgpu(args: &Args) -> Result<(), String> {
+    use burn_wgpu::{Wgpu, WgpuDevice};
+    let device = WgpuDevice::default();
+    let mut ddp = Ddp::init_staged::<Wgpu>(DdpConfig::new(), &device)
+        .map_err(|e| format!("joining the job: {e}"))?;
+    let place = |zero: ZeroAdam, ddp: &Ddp| match args.offload {
+        true => zero.offloaded::<Wgpu>(ddp, &device),
+        false => zero.on_device::<Wgpu>(ddp, &device),
+    };
+    train_on::<Wgpu>(args, &mut ddp, &device, &place)
+}
+
+#[cfg(not(feature = "wgpu"))]
+fn wgpu(_: &Args) -> Result<(), String> {
+    Err(
+        "--backend wgpu: this binary was built without it (cargo build -p learner-ddp \
+         --features wgpu)"
+            .into(),
+    )
+}
+
+/// The run on backend `X` (its device `device`), once `ddp` has joined the job.
+fn train_on<X: Backend>(
+    args: &Args,
+    ddp: &mut Ddp,
+    device: &X::Device,
+    place: PlaceZero,
+) -> Result<(), String> {
     let (rank, world) = (ddp.rank(), ddp.world_size());
     if rank != 0 {
         // Rank 0's logs go to `experiment.log` through burn-train's own logger; the other
@@ -96,15 +152,17 @@ fn train(args: Args) -> Result<(), String> {
         })?;
     }
     // Each rank says where its Learner may write, so a test can check every rank's directory.
-    let own = burn_dist::train::rank_directory(&ddp, &args.artifact_dir);
+    let own = burn_dist::train::rank_directory(ddp, &args.artifact_dir);
     println!("learner directory: {}", own.display());
 
     learner_ddp::model::MARK_FOR_SYNC.store(!args.skip_mark, std::sync::atomic::Ordering::Relaxed);
     // ZeRO stage 3 shards the parameters too, which takes the backend's `Sharded` mode; the
     // program is otherwise the same.
     let trained = match args.optimizer {
-        OptimizerChoice::Zero3 => fit::<Sharded3>(&mut ddp, &args, &run)?,
-        _ => fit::<B>(&mut ddp, &args, &run)?,
+        OptimizerChoice::Zero3 => {
+            fit::<Autodiff<DistributedBackend<X, Sharded>>>(ddp, args, &run, device, place)?
+        }
+        _ => fit::<Autodiff<DistributedBackend<X>>>(ddp, args, &run, device, place)?,
     };
     if let (0, Some(path)) = (rank, &args.out) {
         write_params(path, &trained).map_err(|e| format!("writing {}: {e}", path.display()))?;
@@ -114,13 +172,15 @@ fn train(args: Args) -> Result<(), String> {
 
 /// Prepares the model in `D`'s mode, trains it with the chosen optimizer, and returns the
 /// trained parameters (read on every rank: at stage 3 a read is a collective).
-fn fit<D: DistributedAutodiff<Device = FlexDevice>>(
+fn fit<D: DistributedAutodiff>(
     ddp: &mut Ddp,
     args: &Args,
     run: &Run,
+    device: &D::Device,
+    place: PlaceZero,
 ) -> Result<Vec<Vec<f32>>, String> {
     let rank = ddp.rank();
-    let model = D::prepare_model(ddp, Regressor::<D>::new(MODEL_SEED, &FlexDevice))
+    let model = D::prepare_model(ddp, Regressor::<D>::new(MODEL_SEED, device))
         .map_err(|e| format!("rank {rank}: preparing the model: {e}"))?;
     // The one line that differs between Burn's Adam and ZeroAdam.
     let trained = match args.optimizer.zero_stage() {
@@ -134,7 +194,11 @@ fn fit<D: DistributedAutodiff<Device = FlexDevice>>(
                 .with_weight_decay(0.0)
                 .with_stage(stage)
                 .init::<D, _>(ddp, &model)
+                .and_then(|zero| place(zero, ddp))
                 .map_err(|e| format!("rank {rank}: building ZeroAdam: {e}"))?;
+            if rank == 0 {
+                println!("ZeroAdam stage {stage}: its state in {}", zero.placement());
+            }
             learner::fit(ddp, model, zero, run, &args.artifact_dir, args.resume)
         }
     };

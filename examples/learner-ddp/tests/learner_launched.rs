@@ -5,6 +5,9 @@
 //! - with ZeroAdam (stages 1, 2 and 3) 2 ranks equal 1 rank, and a run resumed from the
 //!   Learner's checkpoint, at the same and at another world size, equals the uninterrupted run
 //!   (at stage 3 the checkpoints are taken without any rank but 0 holding the model);
+//! - with ZeroAdam offloaded (`--backend wgpu --offload`, lavapipe here) at stages 1 to 3, the
+//!   Learner follows ZeroAdam in device memory, and its checkpoint written with offload resumes
+//!   without it and back; `--offload` without the device backend or ZeroAdam is refused;
 //! - a `TrainStep` that forgets to mark the model fails at the first step, naming the fix.
 
 use std::path::{Path, PathBuf};
@@ -18,6 +21,7 @@ use burn_dist_models::processes::{
     assert_plain_logs, launch_command, launcher, scratch_dir, watch,
 };
 use burn_dist_models::step::read_params;
+use burn_dist_zero::Placement;
 use burn_flex::{Flex, FlexDevice};
 use learner_ddp::Run;
 use learner_ddp::reference::custom_loop;
@@ -162,13 +166,24 @@ fn files_under(dir: &Path) -> Vec<PathBuf> {
 
 /// Launches and returns rank 0's final parameters, failing with the transcript.
 fn trained(world: usize, run: Run, artifacts: &Path, extra: &[&str]) -> Vec<Vec<f32>> {
+    trained_saying(world, run, artifacts, extra).0
+}
+
+/// [`trained`], and the transcript.
+fn trained_saying(
+    world: usize,
+    run: Run,
+    artifacts: &Path,
+    extra: &[&str],
+) -> (Vec<Vec<f32>>, String) {
     let out = artifacts.with_extension(format!("w{world}.params"));
     let (status, transcript) = launch_on(world, run, artifacts, &out, extra);
     assert!(
         status.success(),
         "learner-ddp on {world} ranks {extra:?} failed: {status}\n{transcript}"
     );
-    read_params(&out).unwrap_or_else(|e| panic!("{}: {e}", out.display()))
+    let params = read_params(&out).unwrap_or_else(|e| panic!("{}: {e}", out.display()));
+    (params, transcript)
 }
 
 #[test]
@@ -213,6 +228,78 @@ fn zero_adam_under_the_learner_on_2_ranks_equals_1_rank_and_resumes_at_any_world
                 &format!("{stage}: epoch 2 resumed on {world} ranks vs uninterrupted"),
             );
         }
+    }
+    std::fs::remove_dir_all(&root).ok();
+}
+
+#[test]
+fn offloaded_zero_adam_under_the_learner_follows_it_on_the_device_and_resumes_across_offload() {
+    burn_dist_kernels::testing::wgpu_client();
+    let root = scratch_dir("offload");
+    let run = Run { batch: 4, ..run() };
+    let first_epoch = Run {
+        epochs: 1,
+        ..run.clone()
+    };
+    for stage in ["zero1", "zero2", "zero3"] {
+        let on_device = ["--backend", "wgpu", "--optimizer", stage];
+        let offloaded = [&on_device[..], &["--offload"]].concat();
+        let dir = |what: &str| root.join(format!("{stage}-{what}"));
+        // Offloaded, the host step updates the state: its arithmetic differs from the fused
+        // kernels' in the last bits of a few operations (tests/offload.rs of burn-dist-zero).
+        let (uninterrupted, said) =
+            trained_saying(WORLD, run.clone(), &dir("offloaded"), &offloaded);
+        let (reference, said_on_device) =
+            trained_saying(WORLD, run.clone(), &dir("on-device"), &on_device);
+        for (said, placement) in [
+            (said, Placement::Offloaded),
+            (said_on_device, Placement::Device),
+        ] {
+            assert!(
+                said.contains(&format!("its state in {placement}")),
+                "{stage}: ZeroAdam's state is not in {placement}:\n{said}"
+            );
+        }
+        assert_close(
+            &reference,
+            &uninterrupted,
+            1e-5,
+            &format!("{stage}: the Learner offloaded vs on the device"),
+        );
+        // The Learner's checkpoint of epoch 1, written with and without offload, resumed the
+        // other way.
+        for (what, written, resumed_with) in [
+            ("saved-offloaded", &offloaded[..], &on_device[..]),
+            ("saved-on-device", &on_device[..], &offloaded[..]),
+        ] {
+            trained(WORLD, first_epoch.clone(), &dir(what), written);
+            let resume = [resumed_with, &["--resume", "1"]].concat();
+            let resumed = trained(WORLD, run.clone(), &dir(what), &resume);
+            assert_close(
+                &resumed,
+                &uninterrupted,
+                1e-5,
+                &format!("{stage}: epoch 1 {what}, epoch 2 resumed {resumed_with:?}"),
+            );
+        }
+    }
+    std::fs::remove_dir_all(&root).ok();
+}
+
+#[test]
+fn offload_without_a_device_backend_or_zero_adam_is_refused_by_name() {
+    let root = scratch_dir("offload-refused");
+    for extra in [
+        &["--offload", "--optimizer", "zero1"][..],
+        &["--offload", "--backend", "wgpu"],
+    ] {
+        let out = root.join("params.bin");
+        let (status, transcript) = launch_on(1, run(), &root, &out, extra);
+        assert!(!status.success(), "{extra:?} ran:\n{transcript}");
+        assert!(
+            transcript.contains("--offload needs --backend wgpu and a ZeroAdam --optimizer"),
+            "{extra:?}: {transcript}"
+        );
     }
     std::fs::remove_dir_all(&root).ok();
 }

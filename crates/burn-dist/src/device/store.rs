@@ -71,25 +71,28 @@ pub(crate) trait DeviceBuckets: Send {
     fn begin_shard_window(&mut self, shard_len: usize, stream: bool);
     /// ZeRO-2, after a bucket's reduction: copies (the window's first micro-batch) or adds
     /// this rank's pieces of the bucket's gradients into the device shard, on the device;
-    /// drops the bucket's gradients; returns the elements this rank owned. `(first, last)`:
-    /// where the micro-batch stands in the window; on the last, a streamed window issues the
-    /// read of the bucket's range of the shard.
+    /// drops the bucket's gradients. `(first, last)`: where the micro-batch stands in the
+    /// window; on the last, a streamed window issues the read of the bucket's range of the
+    /// shard.
     fn add_owned(
         &mut self,
         bucket: &Bucket,
         flat: &FlatLayout,
         rank: usize,
         window: (bool, bool),
-    ) -> Result<usize, DistError>;
-    /// ZeRO-2, at the end of a window of `micro_batches`: the shard becomes their mean.
+    ) -> Result<AddedOwned, DistError>;
+    /// ZeRO-2, at the end of a window of `micro_batches`: the shard becomes their mean. A
+    /// streamed window's mean is taken on the host only ([`StreamedShard::finish`]): nothing
+    /// takes its device shard ([`DeviceBuckets::streamed`]), so it is not scaled there too.
     fn end_shard_window(&mut self, micro_batches: usize);
+    /// Whether this window's shard is read to the host bucket by bucket, so that its device
+    /// copy is not the window's mean and must not be taken.
+    fn streamed(&self) -> bool;
     /// ZeRO-2: the finished shard (a `CubeTensor<R>`, erased), taken.
     fn take_shard(&mut self) -> Option<Box<dyn std::any::Any>>;
     /// A shard [`DeviceBuckets::take_shard`] returned, read to the host (a host optimizer).
     fn read_shard(&self, shard: Box<dyn std::any::Any>, rank: usize)
     -> Result<Vec<f32>, DistError>;
-    /// Reads of the shard issued in this window so far (a streamed window's buckets).
-    fn shard_reads(&self) -> usize;
     /// A streamed window's finished shard on the host: the reads issued bucket by bucket,
     /// waited for, with what the device shard got after them (the window's mean, a test's
     /// poison) applied the same way; `None` when the window was not streamed.
@@ -137,6 +140,14 @@ pub(crate) struct DeviceStore<B: CubeResident> {
 
 /// A gradient shard read to the host bucket by bucket ([`DeviceBuckets::begin_shard_window`]
 /// with `stream`).
+/// What [`DeviceBuckets::add_owned`] did with one bucket.
+pub(crate) struct AddedOwned {
+    /// The bucket's elements this rank owns.
+    pub(crate) elements: usize,
+    /// Whether it issued the read of them to the host (a streamed window's last micro-batch).
+    pub(crate) read_issued: bool,
+}
+
 struct StreamedShard {
     len: usize,
     /// Per bucket with elements on this rank: its range of the shard and the read issued.
@@ -358,7 +369,7 @@ impl<B: CubeResident> DeviceBuckets for DeviceStore<B> {
         flat: &FlatLayout,
         rank: usize,
         (first, last): (bool, bool),
-    ) -> Result<usize, DistError> {
+    ) -> Result<AddedOwned, DistError> {
         let start = flat.shard(rank).start;
         // The bucket's elements in this rank's shard: one range, since a frozen ZeRO-2 bucket
         // is a contiguous run of the flat layout.
@@ -367,6 +378,7 @@ impl<B: CubeResident> DeviceBuckets for DeviceStore<B> {
             DistError::Usage("no gradient shard on the device for this window".into())
         })?;
         let mut owned = 0;
+        let mut read_issued = false;
         for &p in &bucket.params {
             let grad = self.grads[p].take();
             let Some((_, within)) = owned_pieces(flat, p).find(|(q, _)| *q == rank) else {
@@ -411,9 +423,13 @@ impl<B: CubeResident> DeviceBuckets for DeviceStore<B> {
             );
             let read = download_async(&slice, self.collectives.traffic(), rank)?;
             streamed.reads.push((span, read));
+            read_issued = true;
         }
         self.shard = Some(shard);
-        Ok(owned)
+        Ok(AddedOwned {
+            elements: owned,
+            read_issued,
+        })
     }
 
     fn end_shard_window(&mut self, micro_batches: usize) {
@@ -422,14 +438,18 @@ impl<B: CubeResident> DeviceBuckets for DeviceStore<B> {
         {
             // The same f32 product as the host shard's.
             let scale = 1.0 / micro_batches as f32;
-            if let Some(streamed) = self.streamed.as_mut() {
-                streamed.scale = Some(scale);
-            }
-            self.shard = Some(Cube::float_mul_scalar(
-                shard,
-                Scalar::new(scale, &DType::F32),
-            ));
+            self.shard = Some(match self.streamed.as_mut() {
+                Some(streamed) => {
+                    streamed.scale = Some(scale);
+                    shard
+                }
+                None => Cube::float_mul_scalar(shard, Scalar::new(scale, &DType::F32)),
+            });
         }
+    }
+
+    fn streamed(&self) -> bool {
+        self.streamed.is_some()
     }
 
     fn take_shard(&mut self) -> Option<Box<dyn std::any::Any>> {
@@ -453,10 +473,6 @@ impl<B: CubeResident> DeviceBuckets for DeviceStore<B> {
             rank,
         )?;
         Ok(values.to_f32_vec())
-    }
-
-    fn shard_reads(&self) -> usize {
-        self.streamed.as_ref().map_or(0, |s| s.reads.len())
     }
 
     fn take_streamed_shard(&mut self) -> Result<Option<Vec<f32>>, DistError> {
