@@ -546,7 +546,7 @@ fn train_checkpointed<B: DistributedAutodiff<Device = WgpuDevice>>(
     (world, stage, place): (usize, u8, Place),
     from: Option<&std::path::Path>,
     steps: std::ops::Range<usize>,
-    save_to: Option<&std::path::Path>,
+    save_to: Option<SaveTo<'_>>,
 ) -> Vec<Vec<Vec<f32>>> {
     use burn_dist_zero::{TrainingState, checkpoint};
     burn_dist_kernels::testing::wgpu_client();
@@ -564,14 +564,71 @@ fn train_checkpointed<B: DistributedAutodiff<Device = WgpuDevice>>(
             for s in steps.clone() {
                 model = mlp_step(ddp, model, zero, (rank, world, s));
             }
-            if let Some(root) = save_to {
-                let end = steps.end;
-                let state = TrainingState::new(end as u64, (end * GLOBAL_BATCH) as u64);
-                checkpoint::save(root, ddp, &model, zero, &state).unwrap();
+            let end = steps.end;
+            let state = TrainingState::new(end as u64, (end * GLOBAL_BATCH) as u64);
+            match save_to {
+                Some(SaveTo::Now(root)) => {
+                    checkpoint::save(root, ddp, &model, zero, &state).unwrap();
+                }
+                Some(SaveTo::Background(root)) => {
+                    let mut saver = checkpoint::AsyncSaver::new(root);
+                    saver.save(ddp, &model, zero, &state).unwrap();
+                    assert!(saver.wait(ddp).unwrap().is_some(), "rank {rank}: committed");
+                }
+                None => {}
             }
             parameters::<B, _>(&model)
         },
     )
+}
+
+/// Where [`train_checkpointed`] saves at its end: `checkpoint::save`, or
+/// `checkpoint::AsyncSaver` (saved, then waited for).
+#[derive(Clone, Copy)]
+enum SaveTo<'a> {
+    Now(&'a std::path::Path),
+    Background(&'a std::path::Path),
+}
+
+/// On the device path, with the state in device memory or offloaded, at stages 1 to 3 on 2
+/// ranks: the checkpoint `AsyncSaver` writes is the synchronous save's, file for file.
+#[test]
+fn an_asynchronous_save_on_the_device_path_writes_the_synchronous_checkpoint() {
+    for stage in STAGES {
+        for place in [Place::Device, Place::Offloaded] {
+            let (now, background) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+            for save_to in [
+                SaveTo::Now(now.path()),
+                SaveTo::Background(background.path()),
+            ] {
+                at_stage!(
+                    stage,
+                    train_checkpointed((2, stage, place), None, 0..3, Some(save_to))
+                );
+            }
+            let files = |root: &std::path::Path| {
+                let dir = burn_dist_zero::checkpoint::step_dir(root, 3);
+                let mut files: Vec<(std::ffi::OsString, Vec<u8>)> = std::fs::read_dir(dir)
+                    .unwrap()
+                    .map(|e| {
+                        let e = e.unwrap();
+                        (e.file_name(), std::fs::read(e.path()).unwrap())
+                    })
+                    .collect();
+                files.sort();
+                files
+            };
+            let written = files(background.path());
+            assert!(
+                written.iter().any(|(name, _)| name == "manifest.json"),
+                "stage {stage}, {place:?}: committed"
+            );
+            assert!(
+                written == files(now.path()),
+                "stage {stage}, {place:?}: the asynchronous checkpoint differs"
+            );
+        }
+    }
 }
 
 /// A sharded checkpoint written offloaded at 2 ranks resumes at 1 and 3 ranks, with the state
@@ -590,7 +647,12 @@ fn a_checkpoint_written_offloaded_resumes_at_other_world_sizes_with_and_without_
             let root = tempfile::tempdir().unwrap();
             at_stage!(
                 stage,
-                train_checkpointed((2, stage, written), None, 0..3, Some(root.path()))
+                train_checkpointed(
+                    (2, stage, written),
+                    None,
+                    0..3,
+                    Some(SaveTo::Now(root.path()))
+                )
             );
             for (world, place) in [
                 (2, Offloaded),

@@ -144,6 +144,10 @@ pub struct Args {
     /// Keep only the K newest complete checkpoints: after each save, rank 0 removes older ones.
     #[arg(long, value_name = "K")]
     pub keep_last: Option<usize>,
+    /// Write checkpoints in the background (`checkpoint::AsyncSaver`): each save copies the
+    /// state into memory and returns; the checkpoint completes at a later step, or at the end.
+    #[arg(long)]
+    pub checkpoint_async: bool,
     /// Resume from a checkpoint directory, or the newest complete one under a root; `auto`:
     /// from the newest complete one under the checkpoint directory if there is one, else start
     /// afresh (for jobs a launcher restarts: `burn-dist-run --max-restarts`).
@@ -354,6 +358,12 @@ impl Args {
             }
             _ => {}
         }
+        if self.checkpoint_async && self.checkpoint_every.is_none() {
+            return Err(
+                "--checkpoint-async needs --checkpoint-every: it says how checkpoints are written"
+                    .into(),
+            );
+        }
         Ok(())
     }
 
@@ -487,6 +497,14 @@ mod tests {
         assert!(e.contains("--keep-last must be at least 1"), "{e}");
         let e = args(&["--keep-last", "2"]).check(1).unwrap_err();
         assert!(e.contains("--keep-last needs --checkpoint-every"), "{e}");
+        let e = args(&["--checkpoint-async"]).check(1).unwrap_err();
+        assert!(
+            e.contains("--checkpoint-async needs --checkpoint-every"),
+            "{e}"
+        );
+        args(&["--checkpoint-every", "5", "--checkpoint-async"])
+            .check(1)
+            .unwrap();
         args(&["--checkpoint-every", "5", "--keep-last", "2"])
             .check(1)
             .unwrap();

@@ -100,6 +100,8 @@ struct Trainer<'a, B: DistributedAutodiff> {
     bar: ProgressBar,
     metrics: Option<MetricsWriter>,
     phases: Phases<'a>,
+    /// `--checkpoint-async`: the background saver.
+    saver: Option<checkpoint::AsyncSaver>,
 }
 
 impl<'a, B: DistributedAutodiff> Trainer<'a, B> {
@@ -225,6 +227,9 @@ impl<'a, B: DistributedAutodiff> Trainer<'a, B> {
             bar,
             metrics,
             phases,
+            saver: args
+                .checkpoint_async
+                .then(|| checkpoint::AsyncSaver::new(args.checkpoint_dir())),
             ddp,
         };
         trainer.announce(windows);
@@ -441,6 +446,8 @@ impl<'a, B: DistributedAutodiff> Trainer<'a, B> {
                 final_val_loss: val_loss.or(outcome.final_val_loss),
                 floor,
             };
+            // A collective on every rank alike: the saver is pending on all or on none.
+            self.poll_saver()?;
             if let Some(every) = args.checkpoint_every
                 && (done.is_multiple_of(every) || last)
             {
@@ -456,6 +463,14 @@ impl<'a, B: DistributedAutodiff> Trainer<'a, B> {
             }
         }
         self.bar.finish_and_clear();
+        // The last asynchronous checkpoint completes before the run counts as done.
+        let committed = match &mut self.saver {
+            Some(saver) => saver.wait(self.ddp).map_err(|e| e.to_string())?,
+            None => None,
+        };
+        if let Some(dir) = committed {
+            self.saved(&dir);
+        }
         self.finish(&outcome, &clock)?;
         Ok(outcome)
     }
@@ -638,7 +653,7 @@ impl<'a, B: DistributedAutodiff> Trainer<'a, B> {
         Ok((column(0), column(1), peak_pss))
     }
 
-    fn save(&self, done: u64) -> Result<(), String> {
+    fn save(&mut self, done: u64) -> Result<(), String> {
         let Optim::Zero(zero) = &self.optim else {
             unreachable!("Args::check refuses checkpoints without ZeroAdam")
         };
@@ -649,9 +664,44 @@ impl<'a, B: DistributedAutodiff> Trainer<'a, B> {
         }
         let root = self.args.checkpoint_dir();
         let model = self.model.as_ref().expect("the model is in place");
-        let dir = checkpoint::save(&root, self.ddp, model, zero, &state)
-            .map_err(|e| format!("saving step {done} under {}: {e}", root.display()))?;
-        self.say(format!("saved step {done} to {}", dir.display()));
+        let failed = |e| format!("saving step {done} under {}: {e}", root.display());
+        let Some(saver) = &mut self.saver else {
+            let dir = checkpoint::save(&root, self.ddp, model, zero, &state).map_err(failed)?;
+            self.saved(&dir);
+            return Ok(());
+        };
+        // The save before it completes first (one snapshot at a time).
+        let committed = saver.wait(self.ddp).map_err(|e| e.to_string())?;
+        saver.save(self.ddp, model, zero, &state).map_err(failed)?;
+        let held = saver.snapshot_bytes();
+        if let Some(dir) = committed {
+            self.saved(&dir);
+        }
+        self.say(format!(
+            "saving step {done} in the background ({:.1} MiB held on rank {})",
+            held as f64 / (1 << 20) as f64,
+            self.rank()
+        ));
+        Ok(())
+    }
+
+    /// `--checkpoint-async`: completes the pending checkpoint once every rank has written its
+    /// files (a collective while one is pending).
+    fn poll_saver(&mut self) -> Result<(), String> {
+        let committed = match &mut self.saver {
+            Some(saver) => saver.poll(self.ddp).map_err(|e| e.to_string())?,
+            None => None,
+        };
+        if let Some(dir) = committed {
+            self.saved(&dir);
+        }
+        Ok(())
+    }
+
+    /// A checkpoint is complete in `dir`: said, and `--keep-last` applied.
+    fn saved(&self, dir: &std::path::Path) {
+        self.say(format!("saved {}", dir.display()));
+        let root = self.args.checkpoint_dir();
         if let (0, Some(keep)) = (self.rank(), self.args.keep_last.and_then(NonZeroUsize::new)) {
             // Not fatal: the new checkpoint is complete; an old one left behind costs only disk.
             match checkpoint::keep_last(&root, keep) {
@@ -666,7 +716,6 @@ impl<'a, B: DistributedAutodiff> Trainer<'a, B> {
                 )),
             }
         }
-        Ok(())
     }
 
     /// Rank 0: the parameter dump, the plot and the summary lines. The end-to-end rate is read

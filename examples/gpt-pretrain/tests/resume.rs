@@ -1,7 +1,8 @@
 //! A run killed with SIGKILL mid-training and resumed from its last checkpoint ends with
 //! parameters bitwise equal to an uninterrupted run at the same world size. Real processes
 //! through `burn-dist-run`; the kill happens at a step the program announces on stdout. The
-//! resumed run keeps its last 2 checkpoints (`--keep-last 2`).
+//! resumed run keeps its last 2 checkpoints (`--keep-last 2`) and writes them in the background
+//! (`--checkpoint-async`).
 
 use std::path::Path;
 use std::process::{Command, ExitStatus, Stdio};
@@ -83,7 +84,8 @@ fn killed_and_resumed_run_ends_bitwise_equal_to_the_uninterrupted_one() {
     let resume = ckpt.to_str().unwrap().to_string();
     let mut resumed_at = None;
     let mut removed = Vec::new();
-    // With --keep-last 2 (retention does not change the result).
+    // With --keep-last 2 and --checkpoint-async (neither changes the result; retention
+    // applies as each background checkpoint completes).
     let status = train(
         &crashed,
         2,
@@ -94,6 +96,7 @@ fn killed_and_resumed_run_ends_bitwise_equal_to_the_uninterrupted_one() {
             &out("resumed.bin"),
             "--keep-last",
             "2",
+            "--checkpoint-async",
         ],
         |line| {
             if line.contains("resumed at step") {

@@ -29,16 +29,25 @@ fn two_ranks_saving_every_2_of_6_steps(ckpt: &Path) -> Command {
     command
 }
 
+/// Synchronously, and with `--checkpoint-async`, where the write that fails is the background
+/// writer's and every rank names it at a later step or at the end.
 #[test]
 fn a_full_disk_on_one_rank_fails_every_rank_naming_the_file() {
+    for extra in [&[][..], &["--checkpoint-async"]] {
+        a_full_disk_on_one_rank_fails_every_rank_naming_the_file_with(extra);
+    }
+}
+
+fn a_full_disk_on_one_rank_fails_every_rank_naming_the_file_with(extra: &[&str]) {
     let root = scratch_dir("ckpt-disk");
     let ckpt = root.join("ckpt");
     let mut child = two_ranks_saving_every_2_of_6_steps(&ckpt)
+        .args(extra)
         .env(checkpoint::FAULT_VAR, "shard:4:1:ENOSPC")
         .spawn()
         .expect("starting burn-dist-run");
     let (status, lines) = watch(&mut child, Duration::from_secs(120), |_| {});
-    assert!(!status.success(), "the job must fail");
+    assert!(!status.success(), "{extra:?}: the job must fail");
     let transcript = lines.join("\n");
     for rank in 0..2 {
         let error = lines

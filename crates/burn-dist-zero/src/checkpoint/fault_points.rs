@@ -10,7 +10,10 @@ use std::io;
 /// Environment variable of the crash tests' fault point: `after-shard:<step>` makes every rank
 /// that has written its shard of step `<step>` announce it on stderr and wait to be killed,
 /// before any manifest exists; `after-shard:<step>:<rank>` only rank `<rank>` (a rank whose
-/// disk is too slow: the others time out waiting for it).
+/// disk is too slow: the others time out waiting for it); `after-shard:<step>:<rank>:<start>`
+/// only in start `<start>` of the job (`burn_dist_comm::env::restart_count`, 0 for the first),
+/// so that the launcher's restart runs past it. Under `checkpoint::AsyncSaver` the pause is in
+/// the background writer, and training goes on.
 pub const PAUSE_VAR: &str = "BURN_DIST_CHECKPOINT_PAUSE";
 
 /// Environment variable of the disk-failure tests' fault point: `<file>:<step>:<rank>:<error>`
@@ -52,8 +55,12 @@ pub(crate) fn injected_error(file: &str, rank: usize, step: u64) -> Option<io::E
 /// Waits forever (to be killed) at `point` of the save of `step`, if [`PAUSE_VAR`] asks so.
 pub(crate) fn pause_point(point: &str, rank: usize, step: u64) {
     let here = format!("{point}:{step}");
-    let wanted = std::env::var(PAUSE_VAR)
-        .is_ok_and(|wanted| wanted == here || wanted == format!("{here}:{rank}"));
+    let wanted = std::env::var(PAUSE_VAR).is_ok_and(|wanted| {
+        wanted == here
+            || wanted == format!("{here}:{rank}")
+            || burn_dist_comm::env::restart_count()
+                .is_ok_and(|start| wanted == format!("{here}:{rank}:{start}"))
+    });
     if wanted {
         eprintln!(
             "burn-dist: checkpoint of step {step} paused at {point} on rank {rank} (pid {})",

@@ -17,12 +17,16 @@
 //! Readers treat every file as untrusted input: only the names the format defines, regular
 //! files of the listed size, a manifest whose checksum and step hold (see [`Manifest::read`]).
 //!
+//! [`AsyncSaver`] writes the same checkpoint while training goes on: the state is copied into
+//! memory and written by a background thread, and the manifest is committed at a later step.
+//!
 //! [`save`] and [`load`] are collectives: every rank calls them. [`load`] works at any world
 //! size: each rank assembles its new shard from the old shards that overlap it (the flat
 //! element order does not depend on the world size, so this is exact). See
 //! `docs/checkpoints.md`.
 
 mod agreement;
+mod async_save;
 mod error;
 mod export;
 mod fault_points;
@@ -50,6 +54,7 @@ use crate::{FlatLayout, OptimizerShard, ZeroAdam};
 use agreement::{agree, gather_u64s};
 use manifest::parse_step;
 
+pub use async_save::AsyncSaver;
 pub use error::{CheckpointError, Result, SaveStage};
 pub use export::export;
 pub use fault_points::{FAULT_VAR, PAUSE_VAR, inject_fault_on_this_thread};

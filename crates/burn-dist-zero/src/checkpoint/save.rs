@@ -88,7 +88,7 @@ where
 }
 
 /// What a checkpoint saves of the optimizer.
-enum OptimizerPart<'a> {
+pub(super) enum OptimizerPart<'a> {
     /// Every rank writes its ZeroAdam shard.
     Shards(&'a ZeroAdam),
     /// Rank 0 writes the record: its encoding, `Some` on rank 0 only.
@@ -105,10 +105,35 @@ fn save_parts<B: Backend, M: Module<B>>(
     let dir = step_dir(root, state.step);
     let _span =
         tracing::info_span!("checkpoint save", rank = ddp.rank(), step = state.step).entered();
-    let saved = save_stages::<B, M>(root, &dir, ddp, model, optimizer, state);
+    let saved = (|| {
+        // Encoded before the directory exists; an encoding failure is reported in the write
+        // stage, where every rank agrees on it.
+        let snapshot = Snapshot::take(&dir, ddp, optimizer, state);
+        prepare_stage(root, &dir, ddp, state.step)?;
+        let written = snapshot.and_then(|mut snapshot| {
+            let faults = Faults::injected(state.step, ddp.rank());
+            // The model is encoded once the shard is written and let go, so that rank 0
+            // holds one of the two at a time.
+            let model_file = || model_file::<B, M>(&dir, model, state.step, &sharded_ids(ddp));
+            snapshot.write(&dir, ddp.rank(), faults, model_file)?;
+            Ok(snapshot)
+        });
+        let snapshot = agree(ddp.communicator(), written).map_err(in_stage(
+            &dir,
+            state.step,
+            SaveStage::Write,
+        ))?;
+        snapshot.commit(&dir, ddp)
+    })();
+    finish_save(&dir, ddp, saved)
+}
+
+/// After the stages of a save on every rank: on failure rank 0 removes the incomplete step
+/// directory, and nobody returns before it has; on success, the directory.
+pub(super) fn finish_save(dir: &Path, ddp: &Ddp, saved: Result<()>) -> Result<PathBuf> {
     if let Err(CheckpointError::Save { source, .. }) = &saved {
         if ddp.rank() == 0 {
-            remove_incomplete(&dir);
+            remove_incomplete(dir);
         }
         // When the ranks agreed on the failure (the collectives work), nobody returns before
         // rank 0 has removed the directory: a launcher stopping the job as soon as one rank
@@ -119,44 +144,39 @@ fn save_parts<B: Backend, M: Module<B>>(
     }
     saved?;
     tracing::info!(dir = %dir.display(), "checkpoint saved");
-    Ok(dir)
+    Ok(dir.to_path_buf())
 }
 
 /// The name of the file by which every rank checks that it sees rank 0's step directory.
 const SHARED_CHECK: &str = ".shared-check";
 
-/// The stages of [`save`]; every error is wrapped with its stage.
-fn save_stages<B: Backend, M: Module<B>>(
-    root: &Path,
+/// Wraps an error of `stage` of the save of `step` into `dir`.
+pub(super) fn in_stage(
     dir: &Path,
-    ddp: &Ddp,
-    model: &M,
-    optimizer: OptimizerPart<'_>,
-    state: &TrainingState,
-) -> Result<()> {
-    let (comm, rank, step) = (ddp.communicator(), ddp.rank(), state.step);
-    let in_stage = |stage: SaveStage| {
-        move |source: CheckpointError| CheckpointError::Save {
-            step,
-            stage,
-            dir: dir.to_path_buf(),
-            source: Box::new(source),
-        }
-    };
-    let write = |name: &str, fault: &str, bytes: &[u8]| {
-        let fault = fault_points::injected_error(fault, rank, step);
-        files::write_atomic_or_fail(dir, name, bytes, fault)
-    };
+    step: u64,
+    stage: SaveStage,
+) -> impl Fn(CheckpointError) -> CheckpointError + '_ {
+    move |source| CheckpointError::Save {
+        step,
+        stage,
+        dir: dir.to_path_buf(),
+        source: Box::new(source),
+    }
+}
 
-    // 1. Rank 0 makes the directory (and un-completes an older save of this step) and writes a
-    //    random check value into it; every rank reads it back, so ranks that do not share the
-    //    filesystem fail here, before anything large is written.
+/// Stage 1 of a save, a collective: rank 0 makes the directory (and un-completes an older save
+/// of this step) and writes a random check value into it; every rank reads it back, so ranks
+/// that do not share the filesystem fail here, before anything large is written.
+pub(super) fn prepare_stage(root: &Path, dir: &Path, ddp: &Ddp, step: u64) -> Result<()> {
+    let (comm, rank) = (ddp.communicator(), ddp.rank());
     let check_value =
         std::hash::BuildHasher::hash_one(&std::collections::hash_map::RandomState::new(), step);
     (|| {
         let prepared = if rank == 0 {
-            prepare_dir(root, dir)
-                .and_then(|()| write(SHARED_CHECK, "shared-check", &check_value.to_le_bytes()))
+            prepare_dir(root, dir).and_then(|()| {
+                let fault = fault_points::injected_error("shared-check", rank, step);
+                files::write_atomic_or_fail(dir, SHARED_CHECK, &check_value.to_le_bytes(), fault)
+            })
         } else {
             Ok(())
         };
@@ -164,110 +184,232 @@ fn save_stages<B: Backend, M: Module<B>>(
         let expected = gather_u64s(comm, &[check_value])?[0][0];
         agree(comm, check_shared(dir, rank, expected))
     })()
-    .map_err(in_stage(SaveStage::Prepare))?;
+    .map_err(in_stage(dir, step, SaveStage::Prepare))
+}
 
-    // 2. Every rank writes its shard durably (or rank 0 the optimizer record); rank 0 the
-    //    weights too.
-    let kind = match optimizer {
-        OptimizerPart::Shards(_) => OptimizerState::Shards,
-        OptimizerPart::Record(_) => OptimizerState::Record,
-    };
-    let layout = match optimizer {
-        OptimizerPart::Shards(zero) => zero.layout().clone(),
-        // The parameters' flat order, for the manifest (a record has no shards).
-        OptimizerPart::Record(_) => {
-            let numels: Vec<usize> = ddp.params().iter().map(ParamInfo::numel).collect();
-            FlatLayout::new(&numels, ddp.world_size(), 1)
+/// A rank's part of a checkpoint, encoded in memory: what its write stage writes and what the
+/// commit needs. An asynchronous save ([`super::AsyncSaver`]) holds it while a background
+/// thread writes it; each file's bytes are let go once written.
+pub(super) struct Snapshot {
+    step: u64,
+    /// This rank's optimizer file (its shard, or rank 0's record), if it writes one.
+    optimizer: Option<OptimizerFile>,
+    /// Rank 0: the model file's manifest entry and bytes (`None` once written), once encoded.
+    model: Option<(FileEntry, Option<Vec<u8>>)>,
+    /// Rank 0: the manifest without its file entries, as of the save (the commit may come
+    /// steps later, when the bucket layout may have changed).
+    draft: Option<Manifest>,
+}
+
+/// This rank's optimizer file in a [`Snapshot`].
+struct OptimizerFile {
+    name: String,
+    /// Its name in the fault points ([`fault_points::injected_error`]).
+    fault: &'static str,
+    /// `None` once written.
+    bytes: Option<Vec<u8>>,
+    /// Size and CRC-32, for the manifest.
+    fingerprint: (u64, u32),
+}
+
+/// The injected disk errors (tests) of one rank's writes, resolved where the save was called:
+/// the thread-local injection of thread ranks does not reach a background writer.
+pub(super) struct Faults {
+    shard: Option<std::io::Error>,
+    optimizer: Option<std::io::Error>,
+    model: Option<std::io::Error>,
+}
+
+impl Faults {
+    pub(super) fn injected(step: u64, rank: usize) -> Faults {
+        let fault = |file| fault_points::injected_error(file, rank, step);
+        Faults {
+            shard: fault("shard"),
+            optimizer: fault("optimizer"),
+            model: fault("model"),
         }
-    };
-    // ZeRO stage 3: no rank holds the sharded parameters whole; their values are the shards'
-    // master weights, and the model file holds the other tensors.
-    let sharded: Vec<_> = ddp
-        .param_shards()
-        .map(|shards| shards.params().iter().map(|p| p.id).collect())
-        .unwrap_or_default();
-    let weights = match sharded.is_empty() {
-        true => Weights::ModelFile,
-        false => Weights::MasterShards,
-    };
-    let written = (|| {
-        let (size, crc) = match &optimizer {
-            OptimizerPart::Shards(zero) => {
-                let bytes = shard_file::encode(&zero.export());
-                write(&manifest::shard_file(rank), "shard", &bytes)?;
-                files::fingerprint(&bytes)
-            }
-            OptimizerPart::Record(Some(encoded)) => {
-                let path = dir.join(OPTIMIZER_FILE);
-                let bytes = encoded
-                    .as_ref()
-                    .map_err(|reason| CheckpointError::corrupt(&path, reason.clone()))?;
-                write(OPTIMIZER_FILE, "optimizer", bytes)?;
-                files::fingerprint(bytes)
-            }
-            OptimizerPart::Record(None) => (0, 0),
-        };
-        fault_points::pause_point("after-shard", rank, step);
-        let model_entry = if rank == 0 {
-            let (entry, bytes) = model_file::<B, M>(dir, model, step, &sharded)?;
-            write(MODEL_FILE, "model", &bytes)?;
-            Some(entry)
-        } else {
-            None
-        };
-        Ok((size, crc, model_entry))
-    })();
-    let (size, crc, model_entry) = agree(comm, written).map_err(in_stage(SaveStage::Write))?;
+    }
+}
 
-    // 3. Every shard is durable once every rank got here: rank 0 commits with the manifest.
-    (|| {
-        let all = gather_u64s(comm, &[size, u64::from(crc)])?;
-        let committed = if rank == 0 {
-            let mut entries: Vec<FileEntry> = model_entry.into_iter().collect();
-            match kind {
-                OptimizerState::Shards => {
-                    for (r, fingerprint) in all.iter().enumerate() {
-                        entries.push(FileEntry {
-                            name: manifest::shard_file(r),
-                            rank: Some(r),
-                            bytes: fingerprint[0],
-                            crc32: fingerprint[1] as u32,
-                            optimizer_record: false,
-                        });
-                    }
-                }
-                OptimizerState::Record => entries.push(FileEntry {
-                    name: OPTIMIZER_FILE.into(),
-                    rank: None,
-                    bytes: all[0][0],
-                    crc32: all[0][1] as u32,
-                    optimizer_record: true,
-                }),
+/// The ids of the parameters sharded at ZeRO stage 3 (none otherwise): their values are the
+/// shards' master weights, and the model file holds the other tensors.
+pub(super) fn sharded_ids(ddp: &Ddp) -> Vec<burn::module::ParamId> {
+    ddp.param_shards()
+        .map(|shards| shards.params().iter().map(|p| p.id).collect())
+        .unwrap_or_default()
+}
+
+impl Snapshot {
+    /// Encodes this rank's optimizer file of the checkpoint of `state.step` into `dir` (not
+    /// created yet): its shard, or on rank 0 `optimizer`'s record; on rank 0 also the
+    /// manifest's draft. The model file is encoded by [`Snapshot::write`]'s caller.
+    pub(super) fn take(
+        dir: &Path,
+        ddp: &Ddp,
+        optimizer: OptimizerPart<'_>,
+        state: &TrainingState,
+    ) -> Result<Snapshot> {
+        let (rank, step) = (ddp.rank(), state.step);
+        let (kind, layout) = match &optimizer {
+            OptimizerPart::Shards(zero) => (OptimizerState::Shards, zero.layout().clone()),
+            // The parameters' flat order, for the manifest (a record has no shards).
+            OptimizerPart::Record(_) => {
+                let numels: Vec<usize> = ddp.params().iter().map(ParamInfo::numel).collect();
+                (
+                    OptimizerState::Record,
+                    FlatLayout::new(&numels, ddp.world_size(), 1),
+                )
             }
-            let manifest = Manifest {
-                format_version: FORMAT_VERSION,
-                world_size: ddp.world_size(),
-                step,
-                samples_consumed: state.samples_consumed,
-                scaler: state.scaler,
-                random: state.random,
-                optimizer: kind,
-                weights,
-                layout: LayoutEntry::of(&layout),
-                buckets: ddp.next_layout().bucket_params(),
-                params: ddp.params().iter().map(param_entry).collect(),
-                files: entries,
-            };
-            // The check file has done its job; a leftover one would be harmless.
-            let _ = fs::remove_file(dir.join(SHARED_CHECK));
-            write(MANIFEST, "manifest", &manifest.signed_json())
-        } else {
-            Ok(())
         };
-        // 4. Nobody returns before the checkpoint is complete (or every rank knows it failed).
-        agree(comm, committed)
-    })()
-    .map_err(in_stage(SaveStage::Commit))
+        let file = |name: String, fault, bytes: Vec<u8>| OptimizerFile {
+            name,
+            fault,
+            fingerprint: files::fingerprint(&bytes),
+            bytes: Some(bytes),
+        };
+        let optimizer = match optimizer {
+            OptimizerPart::Shards(zero) => Some(file(
+                manifest::shard_file(rank),
+                "shard",
+                shard_file::encode(&zero.export()),
+            )),
+            OptimizerPart::Record(Some(encoded)) => {
+                let bytes = encoded
+                    .map_err(|reason| CheckpointError::corrupt(dir.join(OPTIMIZER_FILE), reason))?;
+                Some(file(OPTIMIZER_FILE.to_string(), "optimizer", bytes))
+            }
+            OptimizerPart::Record(None) => None,
+        };
+        let draft = (rank == 0).then(|| Manifest {
+            format_version: FORMAT_VERSION,
+            world_size: ddp.world_size(),
+            step,
+            samples_consumed: state.samples_consumed,
+            scaler: state.scaler,
+            random: state.random,
+            optimizer: kind,
+            weights: match sharded_ids(ddp).is_empty() {
+                true => Weights::ModelFile,
+                false => Weights::MasterShards,
+            },
+            layout: LayoutEntry::of(&layout),
+            buckets: ddp.next_layout().bucket_params(),
+            params: ddp.params().iter().map(param_entry).collect(),
+            files: Vec::new(),
+        });
+        Ok(Snapshot {
+            step,
+            optimizer,
+            model: None,
+            draft,
+        })
+    }
+
+    /// Rank 0: the model file, encoded now (an asynchronous save, which cannot keep the model).
+    pub(super) fn with_model(mut self, (entry, bytes): (FileEntry, Vec<u8>)) -> Self {
+        self.model = Some((entry, Some(bytes)));
+        self
+    }
+
+    /// The bytes this snapshot holds in memory (its files' not yet written).
+    pub(super) fn bytes(&self) -> u64 {
+        let optimizer = self
+            .optimizer
+            .as_ref()
+            .and_then(|f| f.bytes.as_ref())
+            .map_or(0, Vec::len);
+        let model = self
+            .model
+            .as_ref()
+            .and_then(|(_, bytes)| bytes.as_ref())
+            .map_or(0, Vec::len);
+        (optimizer + model) as u64
+    }
+
+    /// Stage 2 on this rank alone (no collective: an asynchronous save runs it on a background
+    /// thread): its optimizer file, durably, then on rank 0 the model file, encoded by
+    /// `model_file` if it was not already; each file's bytes are let go once written.
+    pub(super) fn write(
+        &mut self,
+        dir: &Path,
+        rank: usize,
+        faults: Faults,
+        model_file: impl FnOnce() -> Result<(FileEntry, Vec<u8>)>,
+    ) -> Result<()> {
+        if let Some(file) = &mut self.optimizer
+            && let Some(bytes) = file.bytes.take()
+        {
+            let fault = match file.fault {
+                "shard" => faults.shard,
+                _ => faults.optimizer,
+            };
+            files::write_atomic_or_fail(dir, &file.name, &bytes, fault)?;
+        }
+        fault_points::pause_point("after-shard", rank, self.step);
+        if rank != 0 {
+            return Ok(());
+        }
+        if self.model.is_none() {
+            let (entry, bytes) = model_file()?;
+            self.model = Some((entry, Some(bytes)));
+        }
+        if let Some((_, bytes)) = &mut self.model
+            && let Some(bytes) = bytes.take()
+        {
+            files::write_atomic_or_fail(dir, MODEL_FILE, &bytes, faults.model)?;
+        }
+        Ok(())
+    }
+
+    /// Stage 3, a collective, once every rank's files are durable: the sizes and checksums
+    /// are gathered and rank 0 commits with the manifest; nobody returns before the
+    /// checkpoint is complete (or every rank knows it failed).
+    pub(super) fn commit(self, dir: &Path, ddp: &Ddp) -> Result<()> {
+        let (comm, rank) = (ddp.communicator(), ddp.rank());
+        let (size, crc) = self.optimizer.as_ref().map_or((0, 0), |f| f.fingerprint);
+        (|| {
+            let all = gather_u64s(comm, &[size, u64::from(crc)])?;
+            let committed = match self.draft {
+                Some(mut manifest) => {
+                    manifest.files = self.model.map(|(entry, _)| entry).into_iter().collect();
+                    manifest
+                        .files
+                        .extend(optimizer_entries(manifest.optimizer, &all));
+                    // The check file has done its job; a leftover one would be harmless.
+                    let _ = fs::remove_file(dir.join(SHARED_CHECK));
+                    let fault = fault_points::injected_error("manifest", rank, self.step);
+                    files::write_atomic_or_fail(dir, MANIFEST, &manifest.signed_json(), fault)
+                }
+                None => Ok(()),
+            };
+            agree(comm, committed)
+        })()
+        .map_err(in_stage(dir, self.step, SaveStage::Commit))
+    }
+}
+
+/// The manifest entries of the optimizer files, from every rank's (size, crc).
+fn optimizer_entries(kind: OptimizerState, all: &[Vec<u64>]) -> Vec<FileEntry> {
+    match kind {
+        OptimizerState::Shards => all
+            .iter()
+            .enumerate()
+            .map(|(r, fingerprint)| FileEntry {
+                name: manifest::shard_file(r),
+                rank: Some(r),
+                bytes: fingerprint[0],
+                crc32: fingerprint[1] as u32,
+                optimizer_record: false,
+            })
+            .collect(),
+        OptimizerState::Record => vec![FileEntry {
+            name: OPTIMIZER_FILE.into(),
+            rank: None,
+            bytes: all[0][0],
+            crc32: all[0][1] as u32,
+            optimizer_record: true,
+        }],
+    }
 }
 
 /// This rank reads rank 0's check value back from `dir`.
@@ -341,7 +483,7 @@ fn prepare_dir(root: &Path, dir: &Path) -> Result<()> {
 
 /// The model's safetensors bytes (every float tensor but the sharded parameters `sharded`) and
 /// their manifest entry.
-fn model_file<B: Backend, M: Module<B>>(
+pub(super) fn model_file<B: Backend, M: Module<B>>(
     dir: &Path,
     model: &M,
     step: u64,

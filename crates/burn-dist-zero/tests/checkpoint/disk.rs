@@ -12,19 +12,27 @@ use super::{Outcome, Plan, SEED, train};
 
 /// 2 ranks save after steps 2 and 4 under `root`, with `fault` on one rank.
 fn save_twice(root: &Path, fault: (usize, &str)) -> Vec<Outcome> {
+    save_twice_in(root, fault, false)
+}
+
+/// [`save_twice`], through `checkpoint::AsyncSaver` when `asynchronous`, training on to step
+/// 6: the failure of the background write of step 4 is reported by a later poll, or by the
+/// wait at the end.
+pub(super) fn save_twice_in(root: &Path, fault: (usize, &str), asynchronous: bool) -> Vec<Outcome> {
     train(Plan {
         world: 2,
         seed: SEED,
         save: Some((root, &[2, 4])),
-        until: 4,
+        until: if asynchronous { 6 } else { 4 },
         fault: Some(fault),
+        asynchronous,
         ..Default::default()
     })
 }
 
 /// Every rank's save of step 4 failed at `stage`, its message naming `needles`; the step-4
 /// directory is gone and step 2 is still the newest complete checkpoint, and it loads.
-fn assert_step_4_failed_everywhere(
+pub(super) fn assert_step_4_failed_everywhere(
     root: &Path,
     outcomes: &[Outcome],
     stage: SaveStage,

@@ -1,9 +1,10 @@
 //! Sharded checkpoints: exact resume, resharding to other world sizes, refusal of damaged
 //! checkpoints, consolidation and atomicity; checkpoints as untrusted input (`untrusted.rs`);
 //! failing disks, ranks without a shared directory and retention (`disk.rs`); checkpoints of
-//! any Burn optimizer (`any_optimizer.rs`).
+//! any Burn optimizer (`any_optimizer.rs`); saves written in the background (`async_save.rs`).
 
 mod any_optimizer;
+mod async_save;
 mod disk;
 mod stage3;
 mod untrusted;
@@ -19,7 +20,7 @@ use burn_dist_comm::testing::run_ranks;
 use burn_dist_comm::{CommConfig, HostCommunicator};
 use burn_dist_testing::{MLP_SIZES, Mlp, assert_close, parameters, shard_rows, synthetic_rows};
 use burn_dist_zero::checkpoint::{
-    self, CheckpointError, MANIFEST, MODEL_FILE, SaveStage, TrainingState,
+    self, AsyncSaver, CheckpointError, MANIFEST, MODEL_FILE, SaveStage, TrainingState,
 };
 use burn_dist_zero::{OptimizerShard, ZeroAdamConfig};
 use burn_flex::{Flex, FlexDevice};
@@ -63,6 +64,9 @@ struct Outcome {
     layout_rebuilds: u64,
     /// The save that failed (training stopped there).
     save_failure: Option<SaveFailure>,
+    /// Per asynchronous save: its step and what its snapshot held (`AsyncSaver::pending`,
+    /// `AsyncSaver::snapshot_bytes`).
+    snapshot_bytes: Vec<(Option<u64>, u64)>,
 }
 
 /// A failed save's typed error, taken apart.
@@ -87,6 +91,30 @@ struct Plan<'a> {
     private_roots: bool,
     /// ZeRO stage (0 for the default, 1); at 3 the model is sharded too.
     stage: u8,
+    /// Saves through `checkpoint::AsyncSaver` (polled after every step, waited for at the
+    /// end) instead of `checkpoint::save`.
+    asynchronous: bool,
+}
+
+impl SaveFailure {
+    fn of(error: CheckpointError, rank: usize) -> SaveFailure {
+        let CheckpointError::Save { stage, step, .. } = error else {
+            panic!("rank {rank}: not a save error: {error}");
+        };
+        SaveFailure {
+            stage,
+            step,
+            message: error.to_string(),
+        }
+    }
+}
+
+/// Where rank `rank` saves: `root`, or its own directory under it (`plan.private_roots`).
+fn rank_root(plan: &Plan<'_>, root: &Path, rank: usize) -> PathBuf {
+    match plan.private_roots {
+        true => root.join(format!("rank-{rank}")),
+        false => root.to_path_buf(),
+    }
 }
 
 /// 2 ranks train 2 steps and save a checkpoint of step 2 under `root`.
@@ -124,6 +152,7 @@ fn train_on<Bk: DistributedAutodiff<Device = FlexDevice>>(plan: Plan<'_>) -> Vec
                 .unwrap();
             let mut scaler = GradScalerConfig::new().with_growth_interval(2).init();
             let (mut start, mut snapshot, mut loaded, mut save_failure) = (0, None, None, None);
+            let mut snapshot_bytes = Vec::new();
             if let Some((faulty, spec)) = plan.fault
                 && faulty == rank
             {
@@ -138,6 +167,10 @@ fn train_on<Bk: DistributedAutodiff<Device = FlexDevice>>(plan: Plan<'_>) -> Vec
                 snapshot = Some(zero.export());
                 loaded = Some(state);
             }
+            let mut saver = plan.save.and_then(|(root, _)| {
+                plan.asynchronous
+                    .then(|| AsyncSaver::new(rank_root(&plan, root, rank)))
+            });
             for step in start..plan.until {
                 ddp.set_step(step);
                 let l = scaler.scale_loss(loss::<Bk>(
@@ -151,32 +184,41 @@ fn train_on<Bk: DistributedAutodiff<Device = FlexDevice>>(plan: Plan<'_>) -> Vec
                     .unwrap()
                     .0;
                 let done = step + 1;
+                if let Some(saver) = &mut saver
+                    && let Err(error) = saver.poll(&ddp)
+                {
+                    save_failure = Some(SaveFailure::of(error, rank));
+                    break;
+                }
                 if let Some((root, at)) = plan.save
                     && at.contains(&done)
                 {
                     let state = TrainingState::new(done, done * GLOBAL_BATCH as u64)
                         .with_scaler(&scaler)
                         .with_random(0, done);
-                    let root = match plan.private_roots {
-                        true => root.join(format!("rank-{rank}")),
-                        false => root.to_path_buf(),
+                    let saved = match &mut saver {
+                        Some(saver) => saver.save(&ddp, &model, &zero, &state).map(|()| {
+                            snapshot_bytes.push((saver.pending(), saver.snapshot_bytes()))
+                        }),
+                        None => {
+                            let root = rank_root(&plan, root, rank);
+                            checkpoint::save(&root, &ddp, &model, &zero, &state).map(|_| ())
+                        }
                     };
-                    match checkpoint::save(&root, &ddp, &model, &zero, &state) {
-                        Ok(_) => snapshot = Some(zero.export()),
+                    match saved {
+                        Ok(()) => snapshot = Some(zero.export()),
                         Err(error) => {
-                            let CheckpointError::Save { stage, step, .. } = error else {
-                                panic!("rank {rank}: not a save error: {error}");
-                            };
-                            let message = error.to_string();
-                            save_failure = Some(SaveFailure {
-                                stage,
-                                step,
-                                message,
-                            });
+                            save_failure = Some(SaveFailure::of(error, rank));
                             break;
                         }
                     }
                 }
+            }
+            if let Some(saver) = &mut saver
+                && save_failure.is_none()
+                && let Err(error) = saver.wait(&ddp)
+            {
+                save_failure = Some(SaveFailure::of(error, rank));
             }
             Outcome {
                 params: parameters::<Bk, _>(&model),
@@ -187,6 +229,7 @@ fn train_on<Bk: DistributedAutodiff<Device = FlexDevice>>(plan: Plan<'_>) -> Vec
                 buckets: ddp.next_layout().bucket_params(),
                 layout_rebuilds: ddp.stats().layout_rebuilds,
                 save_failure,
+                snapshot_bytes,
             }
         },
     )

@@ -58,6 +58,10 @@ struct Args {
     /// Save after every this many steps.
     #[arg(long, default_value_t = 2)]
     checkpoint_every: u64,
+    /// Save in the background (`checkpoint::AsyncSaver`): each checkpoint completes at a
+    /// later step, or at the end.
+    #[arg(long)]
+    checkpoint_async: bool,
     /// ZeRO stage: 1 shards the optimizer state, 2 the gradients too, 3 the parameters too
     /// (every rank then runs the validation and reads the final parameters, which gather).
     #[arg(long, default_value_t = 1)]
@@ -150,6 +154,9 @@ fn train<B: DistributedAutodiff<Device = FlexDevice>>(
     let [input, .., output] = MLP_SIZES;
     let rows = shard_rows(args.global_batch, rank, world);
     let batch_samples = args.global_batch as u64;
+    let mut saver = args
+        .checkpoint_async
+        .then(|| checkpoint::AsyncSaver::new(&args.checkpoint_dir));
     for step in start..args.steps {
         // The data position comes from the samples consumed so far (a resumed run: the
         // checkpoint's), one global batch per step.
@@ -189,14 +196,35 @@ fn train<B: DistributedAutodiff<Device = FlexDevice>>(
                 std::thread::park();
             }
         }
+        let mut saved = match &mut saver {
+            Some(saver) => saver.poll(&ddp).map_err(|e| fail(&e))?,
+            None => None,
+        };
         if done % args.checkpoint_every == 0 {
             let state = TrainingState::new(done, samples);
-            let dir = checkpoint::save(&args.checkpoint_dir, &ddp, &model, &zero, &state)
-                .map_err(|e| fail(&e))?;
-            if rank == 0 {
-                println!("saved step {done} to {}", dir.display());
-            }
+            saved = match &mut saver {
+                Some(saver) => {
+                    let committed = saver.wait(&ddp).map_err(|e| fail(&e))?;
+                    saver
+                        .save(&ddp, &model, &zero, &state)
+                        .map_err(|e| fail(&e))?;
+                    committed.or(saved)
+                }
+                None => Some(
+                    checkpoint::save(&args.checkpoint_dir, &ddp, &model, &zero, &state)
+                        .map_err(|e| fail(&e))?,
+                ),
+            };
         }
+        if let (0, Some(dir)) = (rank, saved) {
+            println!("saved {}", dir.display());
+        }
+    }
+    if let Some(saver) = &mut saver
+        && let Some(dir) = saver.wait(&ddp).map_err(|e| fail(&e))?
+        && rank == 0
+    {
+        println!("saved {}", dir.display());
     }
     // At stage 3 an evaluation and a read of the parameters gather them: every rank takes part.
     let takes_part = rank == 0 || B::SHARDED;
