@@ -7,6 +7,7 @@
 #     bash target-gpu/run.sh e2e            # torch-gpt, ddp-timed, gpt-fusion-f32, ranks, gpt-fusion-bf16, ...
 #     bash target-gpu/run.sh core device    # NCCL, kernels, fused step, DDP step; the device path
 #     bash target-gpu/run.sh gpt            # every GPT-2 variant of ours beside PyTorch's
+#     bash target-gpu/run.sh offload        # GPT-2 bf16 at ZeRO-3, state on the GPU, then offloaded
 #     bash target-gpu/run.sh ddp-timed ranks   # any checks by name, in the order given
 #     bash target-gpu/run.sh libraries      # only the library look-up and the version check
 #     bash target-gpu/run.sh sanitize       # the kernels check under compute-sanitizer, if present
@@ -63,6 +64,8 @@ gpt-fusion-bf16 300 60 kernel gpt --stack fusion --precision bf16
 gpt-cube-f32    300 60 kernel gpt --stack cube --precision f32
 gpt-cube-bf16   300 60 kernel gpt --stack cube --precision bf16
 gpt-profile     150 60 kernel gpt-profile --stack fusion --precision bf16
+gpt-zero3-bf16  300 60 kernel gpt --stack fusion --precision bf16 --zero-stage 3
+gpt-offload-bf16 300 60 kernel gpt --stack fusion --precision bf16 --zero-stage 3 --place offload
 torch-adamw      20 10 torch  fused_adamw_torch.py --elements ELEMENTS
 torch-gpt        60 20 torch  gpt2_torch.py
 torch-profile    60 20 torch  gpt2_torch.py --profile
@@ -77,6 +80,7 @@ suite() { # name: its checks, or nothing when NAME is no suite
         device) echo "device-path" ;;
         both) echo "nccl-w1 kernels fused-step ddp-step torch-adamw device-path" ;;
         gpt) echo "torch-gpt gpt-fusion-f32 gpt-fusion-bf16 gpt-cube-f32 gpt-cube-bf16" ;;
+        offload) echo "gpt-zero3-bf16 gpt-offload-bf16" ;;
         libraries) echo "-" ;;
         sanitize) echo "sanitize" ;;
     esac
@@ -85,7 +89,7 @@ spec() { # name: its line of CHECKS, or nothing
     echo "$CHECKS" | awk -v n="$1" '$1 == n'
 }
 usage() {
-    echo "usage: run.sh [SUITE | CHECK]...   suites: e2e (default), core, device, both, gpt, libraries, sanitize; checks: $(echo "$CHECKS" | awk 'NF {printf "%s ", $1}')" >&2
+    echo "usage: run.sh [SUITE | CHECK]...   suites: e2e (default), core, device, both, gpt, offload, libraries, sanitize; checks: $(echo "$CHECKS" | awk 'NF {printf "%s ", $1}')" >&2
     exit 2
 }
 PLAN=""

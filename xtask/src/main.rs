@@ -3,6 +3,7 @@
 
 use std::process::{Command, ExitCode};
 
+mod checkpoint_bench;
 mod collectives_bench;
 mod gpt;
 mod gpu_check;
@@ -64,7 +65,11 @@ tasks:
                 Burn's AdamW, ZeroAdam stages 1, 2 and 3, and PyTorch FSDP2 (torch from
                 PyPI in a venv), one after the other; with --rounds R, only stage 2,
                 stage 3 and FSDP2, alternately R times, each round's ratios and their
-                medians; never in CI (docs/perf/zero3.md)";
+                medians; never in CI (docs/perf/zero3.md)
+  bench-checkpoint [--steps N] [--every K] [--rounds R] [--zero-stage S]
+                the GPT-2 124M shape on 4 ranks: the step time a checkpoint costs, saved
+                synchronously and in the background (--checkpoint-async), beside no
+                checkpoint, in rotated rounds; never in CI (docs/perf/checkpoint.md)";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -85,6 +90,7 @@ fn main() -> ExitCode {
         Some("gpu-check") => gpu_check::gpu_check(&args[1..]),
         Some("bench-host-step") => host_step::bench_host_step(&args[1..]),
         Some("bench-zero3") => zero3_bench::bench_zero3(&args[1..]),
+        Some("bench-checkpoint") => checkpoint_bench::bench_checkpoint(&args[1..]),
         Some("bench-collectives") => collectives_bench::bench_collectives(&args[1..]),
         Some("pretrain") => gpt::pretrain(&args[1..]),
         Some("soak") => gpt::soak().and_then(|()| chaos(args.get(1).map_or("600", String::as_str))),

@@ -39,7 +39,10 @@ use std::ops::ControlFlow;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use burn_dist::{CubeResident, CudaBackend, CudaDevice, DdpConfig, DistributedBackend};
+use burn_dist::{
+    CubeResident, CudaBackend, CudaDevice, DdpConfig, DistributedAutodiff, DistributedBackend,
+    Sharded,
+};
 use burn_dist_zero::ZeroAdam;
 use clap::Parser;
 use cubecl::Runtime;
@@ -86,6 +89,10 @@ enum Precision {
 struct Variant {
     stack: Stack,
     precision: Precision,
+    /// bf16: ZeroAdam's stage.
+    stage: usize,
+    /// bf16: ZeroAdam's state in host memory (`ZeroAdam::offloaded`) rather than the GPU's.
+    offload: bool,
 }
 
 impl Variant {
@@ -100,7 +107,28 @@ impl Variant {
             "bf16" => Precision::Bf16,
             other => return Err(format!("--precision {other:?}: f32 or bf16")),
         };
-        Ok(Variant { stack, precision })
+        let offload = match options.place.as_str() {
+            "device" => false,
+            "offload" => true,
+            other => return Err(format!("--place {other:?}: device or offload")),
+        };
+        let stage = options.zero_stage;
+        if !(1..=3).contains(&stage) {
+            return Err(format!("--zero-stage {stage}: 1, 2 or 3"));
+        }
+        if precision == Precision::F32 && (offload || stage != 1) {
+            return Err(
+                "--zero-stage and --place offload need --precision bf16: the f32 run \
+                        trains with Burn's AdamW, not ZeroAdam"
+                    .into(),
+            );
+        }
+        Ok(Variant {
+            stack,
+            precision,
+            stage,
+            offload,
+        })
     }
 
     fn name(&self) -> String {
@@ -112,26 +140,59 @@ impl Variant {
             Precision::F32 => "f32",
             Precision::Bf16 => "bf16",
         };
-        format!("{stack}-{precision}")
+        let stage = match self.stage {
+            1 => String::new(),
+            stage => format!("-zero{stage}"),
+        };
+        let place = if self.offload { "-offload" } else { "" };
+        format!("{stack}-{precision}{stage}{place}")
     }
 
-    /// gpt-pretrain flags that differ between the precisions.
-    fn flags(&self) -> &'static [&'static str] {
-        match self.precision {
+    /// gpt-pretrain flags that differ between the variants.
+    fn flags(&self) -> Vec<String> {
+        let flags: &[&str] = match self.precision {
             Precision::F32 => &["--optimizer", "adamw"],
             Precision::Bf16 => &["--optimizer", "zero", "--precision", "bf16"],
+        };
+        let mut flags: Vec<String> = flags.iter().map(|s| s.to_string()).collect();
+        if self.precision == Precision::Bf16 {
+            flags.extend(["--zero-stage".to_string(), self.stage.to_string()]);
+        }
+        flags
+    }
+
+    /// Bytes per parameter the device holds between steps at world size 1, by the formula
+    /// (docs/guide.md's memory table; S = Ψ): the bf16 parameters (2), and in device memory
+    /// the f32 master weights and moments (12) and at stages 1 and 2 the model copy the
+    /// kernels write (2); `None` for the f32 run (Burn's AdamW).
+    fn device_bytes_per_parameter(&self) -> Option<u64> {
+        match (self.precision, self.offload, self.stage) {
+            (Precision::F32, ..) => None,
+            (Precision::Bf16, true, _) => Some(2),
+            (Precision::Bf16, false, 3) => Some(14),
+            (Precision::Bf16, false, _) => Some(16),
         }
     }
 
     fn describe(&self) -> serde_json::Value {
+        let bf16_optimizer = match (self.offload, self.stage) {
+            (false, 1) => "ZeroAdam on the GPU (fused kernels), global-norm clipping 1.0".into(),
+            (false, stage) => format!(
+                "ZeroAdam stage {stage} on the GPU (fused kernels), global-norm clipping 1.0"
+            ),
+            (true, stage) => format!(
+                "ZeroAdam stage {stage} offloaded (its state and step on the host), \
+                 global-norm clipping 1.0"
+            ),
+        };
         let (precision, optimizer) = match self.precision {
             Precision::F32 => (
                 "f32 parameters and compute (no autocast in Burn)",
-                "Burn AdamW, global-norm clipping 1.0",
+                "Burn AdamW, global-norm clipping 1.0".to_string(),
             ),
             Precision::Bf16 => (
                 "bf16 parameters and compute, f32 master weights",
-                "ZeroAdam on the GPU (fused kernels), global-norm clipping 1.0",
+                bf16_optimizer,
             ),
         };
         let stack = match self.stack {
@@ -161,9 +222,21 @@ pub fn run(report: &mut Report, options: &Options, profile: bool) {
         return report.fail(&check, e, json!({}));
     }
     let started = Instant::now();
-    let measured = guarded(|| match variant.stack {
-        Stack::Fusion => measure::<burn_cuda::Cuda>(report, &check, &variant, options, profile),
-        Stack::Cube => measure::<CudaBackend>(report, &check, &variant, options, profile),
+    type Sharded3<X> = burn::backend::Autodiff<DistributedBackend<X, Sharded>>;
+    type Replicated<X> = burn::backend::Autodiff<DistributedBackend<X>>;
+    let measured = guarded(|| match (variant.stack, variant.stage) {
+        (Stack::Fusion, 3) => measure::<burn_cuda::Cuda, Sharded3<burn_cuda::Cuda>>(
+            report, &check, &variant, options, profile,
+        ),
+        (Stack::Fusion, _) => measure::<burn_cuda::Cuda, Replicated<burn_cuda::Cuda>>(
+            report, &check, &variant, options, profile,
+        ),
+        (Stack::Cube, 3) => measure::<CudaBackend, Sharded3<CudaBackend>>(
+            report, &check, &variant, options, profile,
+        ),
+        (Stack::Cube, _) => measure::<CudaBackend, Replicated<CudaBackend>>(
+            report, &check, &variant, options, profile,
+        ),
     });
     match measured {
         Ok(Ok(fields)) => report.pass(&check, fields),
@@ -195,6 +268,10 @@ struct Watch<'r> {
     /// steps did.
     profile_marks: Option<(u64, u64)>,
     profile: bool,
+    /// Reads the device memory cubecl holds: (in use, reserved) bytes.
+    memory: &'r dyn Fn() -> Option<(u64, u64)>,
+    /// After each step from the second on (between steps): (in use, reserved) bytes.
+    between_steps: Vec<(u64, u64)>,
 }
 
 impl Watch<'_> {
@@ -243,6 +320,11 @@ impl Observer for Watch<'_> {
             Phase::Step { step, split, .. } => {
                 let step = *step;
                 self.steps.push((step, event.took_s, *split));
+                if step > 1
+                    && let Some(memory) = (self.memory)()
+                {
+                    self.between_steps.push(memory);
+                }
                 if step == 1 {
                     self.first_step_line(event.took_s);
                 }
@@ -277,8 +359,9 @@ impl Observer for Watch<'_> {
     }
 }
 
-/// Trains the variant on backend `X` and returns its line's fields.
-fn measure<X>(
+/// Trains the variant as `T` (replicated or sharded) on backend `X` and returns its line's
+/// fields.
+fn measure<X, T>(
     report: &mut Report,
     check: &str,
     variant: &Variant,
@@ -287,8 +370,8 @@ fn measure<X>(
 ) -> Result<serde_json::Value, String>
 where
     X: CubeResident<Runtime = cubecl::cuda::CudaRuntime, Device = CudaDevice>,
+    T: DistributedAutodiff<Device = CudaDevice>,
 {
-    type Trained<X> = burn::backend::Autodiff<DistributedBackend<X>>;
     let scratch = std::env::temp_dir().join(format!(
         "gpu-check-{}-{}",
         check.replace('/', "-"),
@@ -323,8 +406,8 @@ where
     ];
     let args = fixed
         .iter()
-        .chain(variant.flags())
         .map(|s| s.to_string())
+        .chain(variant.flags())
         .chain([
             "--steps".into(),
             last.to_string(),
@@ -344,9 +427,16 @@ where
     let args = Args::try_parse_from(args).map_err(|e| e.to_string())?;
     let device = CudaDevice::new(options.device);
     let on_device = |zero: ZeroAdam, ddp: &burn_dist::Ddp| zero.on_device::<X>(ddp, &device);
-    let place: PlaceOptimizer = match variant.precision {
-        Precision::Bf16 => &on_device,
-        Precision::F32 => &|zero, _| Ok(zero),
+    let offloaded = |zero: ZeroAdam, ddp: &burn_dist::Ddp| zero.offloaded::<X>(ddp, &device);
+    let place: PlaceOptimizer = match (variant.precision, variant.offload) {
+        (Precision::Bf16, false) => &on_device,
+        (Precision::Bf16, true) => &offloaded,
+        (Precision::F32, _) => &|zero, _| Ok(zero),
+    };
+    let client = X::Runtime::client(&device);
+    let memory = || {
+        let usage = client.memory_usage().ok()?;
+        Some((usage.bytes_in_use, usage.bytes_reserved))
     };
     let mut watch = Watch {
         report,
@@ -360,16 +450,17 @@ where
         stopped: None,
         profile_marks: None,
         profile,
+        memory: &memory,
+        between_steps: Vec::new(),
     };
     // Each run joins (and, dropping its Ddp, leaves) its own world-size-1 group.
     let mut ddp = crate::ddp_step::join_for::<X>(&device, DdpConfig::new())?;
-    let outcome = gpt_pretrain::train::run_observed::<Trained<X>>(
-        &args,
-        &mut ddp,
-        &device,
-        place,
-        Some(&mut watch),
-    );
+    let outcome =
+        gpt_pretrain::train::run_observed::<T>(&args, &mut ddp, &device, place, Some(&mut watch));
+    // What the formula of the device's memory between steps counts, and what the offloaded
+    // steps waited for the gradient shard.
+    let parameters: u64 = ddp.params().iter().map(|p| p.numel() as u64).sum();
+    let shard_wait_s = ddp.stats().shard_wait_nanos as f64 * 1e-9;
     drop(ddp);
     let memory = X::Runtime::client(&device).memory_usage().ok();
     let records = gpt_pretrain::metrics::read(&metrics);
@@ -397,6 +488,26 @@ where
         "seconds": watch.since_start(),
     });
     merge(&mut fields, variant.describe());
+    if let Some(per_parameter) = variant.device_bytes_per_parameter() {
+        let in_use: Vec<f64> = watch.between_steps.iter().map(|m| m.0 as f64).collect();
+        let reserved = watch.between_steps.iter().map(|m| m.1).max();
+        let formula = per_parameter * parameters;
+        let between = (!in_use.is_empty()).then(|| median(&in_use));
+        merge(
+            &mut fields,
+            json!({
+                "zero_stage": variant.stage,
+                "offload": variant.offload,
+                "parameters": parameters,
+                "device_bytes_between_steps": between,
+                "device_bytes_reserved_max": reserved,
+                "formula_bytes_between_steps": formula,
+                "formula_bytes_per_parameter": per_parameter,
+                "between_steps_over_formula": between.map(|b| b / formula as f64),
+                "shard_wait_s_per_step": shard_wait_s / watch.steps.len().max(1) as f64,
+            }),
+        );
+    }
     // A profiled run's times are the profiler's: its line gives kernels, not a rate.
     if let Some(split) = split_step.filter(|_| !profile) {
         merge(

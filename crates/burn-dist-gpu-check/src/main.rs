@@ -3,6 +3,7 @@
 //! ```text
 //! burn-dist-gpu-check <check> [--out FILE] [--device N] [--elements N] [--cache DIR]
 //!                             [--seconds S] [--stack fusion|cube] [--precision f32|bf16]
+//!                             [--zero-stage 1|2|3] [--place device|offload]
 //!   nccl-w1     NcclCommunicator at world size 1 through a loopback TCP store: every
 //!               collective x dtype (f32, f16, bf16, u8) against the host reference
 //!   kernels     burn-dist-kernels' kernel checks on cubecl's CUDA runtime, bf16 included
@@ -18,7 +19,10 @@
 //!   gpt         GPT-2 124M training steps with our stack (--stack fusion: Burn's `Cuda`,
 //!               cube: burn-cuda without fusion; --precision f32 | bf16): the first step's
 //!               phases, tokens/s, MFU and one step split, for the comparison with
-//!               gpt2_torch.py; it plans its steps within --seconds
+//!               gpt2_torch.py; it plans its steps within --seconds. In bf16, ZeroAdam at
+//!               --zero-stage 1 | 2 | 3, its state in device memory (--place device) or in
+//!               host memory (--place offload): the device memory between steps against
+//!               the formula, and the time the steps waited for the gradient shard
 //!   gpt-profile the same with cubecl's profiling on: the kernels that take the time
 //!   versions    NVRTC's and the driver's CUDA versions as loaded (for run.sh), one line
 //! ```
@@ -54,7 +58,8 @@ mod ranks;
 const USAGE: &str = "\
 usage: burn-dist-gpu-check <nccl-w1 | kernels | fused-step | ddp-step | ddp-timed | device-path | ranks | gpt | gpt-profile | versions>
            [--out FILE] [--device N] [--elements N] [--cache DIR] [--seconds S]
-           [--stack fusion|cube] [--precision f32|bf16]
+           [--stack fusion|cube] [--precision f32|bf16] [--zero-stage 1|2|3]
+           [--place device|offload]
 
   nccl-w1     NCCL communicator at world size 1 (loopback store), every collective x dtype
   kernels     the fused-kernel checks on the CUDA runtime, bf16 included
@@ -67,7 +72,9 @@ usage: burn-dist-gpu-check <nccl-w1 | kernels | fused-step | ddp-step | ddp-time
               memory vs its host path, host<->device bytes per step
   ranks       2 and 3 ranks on one GPU (threads, staged collectives) vs 1 rank, whole batch
   gpt         GPT-2 124M steps with our stack (--stack fusion|cube, --precision f32|bf16):
-              first-step phases, tokens/s, MFU, one step split; plans within --seconds
+              first-step phases, tokens/s, MFU, one step split; plans within --seconds;
+              bf16: ZeroAdam at --zero-stage N, --place device (its state in device
+              memory) or offload (in host memory), device memory against the formula
   gpt-profile the same with cubecl's kernel profiling: which kernels take the time
   versions    prints nvrtc=X.Y driver=X.Y as this binary loads them (none, stub)
 
@@ -92,9 +99,12 @@ pub struct Options {
     pub cache: Option<std::path::PathBuf>,
     /// The check's limit (`--seconds`, run.sh's), for the checks that plan within it.
     pub seconds: Option<u64>,
-    /// `--stack` and `--precision` of the gpt checks, checked there.
+    /// `--stack`, `--precision`, `--zero-stage` and `--place` of the gpt checks, checked
+    /// there.
     pub stack: String,
     pub precision: String,
+    pub zero_stage: usize,
+    pub place: String,
 }
 
 fn parse(args: &[String]) -> Result<(String, Options), String> {
@@ -107,6 +117,8 @@ fn parse(args: &[String]) -> Result<(String, Options), String> {
         seconds: None,
         stack: "fusion".into(),
         precision: "f32".into(),
+        zero_stage: 1,
+        place: "device".into(),
     };
     let mut rest = args[1..].iter();
     while let Some(flag) = rest.next() {
@@ -124,6 +136,8 @@ fn parse(args: &[String]) -> Result<(String, Options), String> {
             "--seconds" => options.seconds = Some(number()? as u64),
             "--stack" => options.stack = value.clone(),
             "--precision" => options.precision = value.clone(),
+            "--zero-stage" => options.zero_stage = number()?,
+            "--place" => options.place = value.clone(),
             other => return Err(format!("unknown option {other:?}")),
         }
     }

@@ -476,10 +476,20 @@ fn each_suite_runs_its_checks_in_order_within_one_deadline() {
             "gpt-cube-bf16"
         ]
     );
+    // Issue 46's line: GPT-2 bf16 at ZeRO-3, the state on the GPU, then offloaded.
+    let offload = machine.run("offload", &[]);
+    assert_eq!(names(&offload), ["gpt-zero3-bf16", "gpt-offload-bf16"]);
+    assert!(
+        offload.call("gpt-offload-bf16").contains(
+            "ARGS=[gpt --stack fusion --precision bf16 --zero-stage 3 --place offload --out "
+        ),
+        "{}",
+        offload.calls
+    );
     // Suites and checks named together run in the order given, into one folder.
     let mixed = machine.run_suites(&["device", "ranks", "torch-gpt"], &[]);
     assert_eq!(names(&mixed), ["device-path", "ranks", "torch-gpt"]);
-    for run in [&first, &core, &gpt, &mixed] {
+    for run in [&first, &core, &gpt, &offload, &mixed] {
         // Each check under the smaller of its cap and what the deadline leaves: with a second
         // per check, no limit passes what is left, and every check's limit is at least 1.
         for (elapsed, (name, limit)) in run.limits().into_iter().enumerate() {

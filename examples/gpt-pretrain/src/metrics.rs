@@ -78,6 +78,12 @@ pub struct StepRecord {
     /// The same from the host into the backend's memory (`ReducerStats::bytes_to_device`).
     #[serde(default)]
     pub bytes_to_device: u64,
+    /// Seconds rank 0's training thread spent on checkpoints since the previous record (in
+    /// this iteration's wall time): a synchronous save whole; with `--checkpoint-async` the
+    /// snapshot, the directory's preparation, the polls and the commits. `None` without
+    /// `--checkpoint-every`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint_s: Option<f64>,
 }
 
 /// ZeRO stage 3's counters for one step of one rank (burn-dist's `ShardStats`), in MiB.
@@ -291,6 +297,7 @@ mod tests {
                 shared_peak_mib: 0.75,
             }),
             elapsed_s: 1.0,
+            checkpoint_s: Some(0.125),
             bytes_to_host: 4096,
             bytes_to_device: 4144,
         };

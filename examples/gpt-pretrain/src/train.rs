@@ -102,6 +102,8 @@ struct Trainer<'a, B: DistributedAutodiff> {
     phases: Phases<'a>,
     /// `--checkpoint-async`: the background saver.
     saver: Option<checkpoint::AsyncSaver>,
+    /// Seconds spent on checkpoints since the last record (`StepRecord::checkpoint_s`).
+    checkpoint_s: f64,
 }
 
 impl<'a, B: DistributedAutodiff> Trainer<'a, B> {
@@ -230,6 +232,7 @@ impl<'a, B: DistributedAutodiff> Trainer<'a, B> {
             saver: args
                 .checkpoint_async
                 .then(|| checkpoint::AsyncSaver::new(args.checkpoint_dir())),
+            checkpoint_s: 0.0,
             ddp,
         };
         trainer.announce(windows);
@@ -428,6 +431,9 @@ impl<'a, B: DistributedAutodiff> Trainer<'a, B> {
                 peak_pss_mib,
                 shards,
                 elapsed_s: rate.elapsed_s,
+                checkpoint_s: args
+                    .checkpoint_every
+                    .map(|_| std::mem::take(&mut self.checkpoint_s)),
                 bytes_to_host: moved.bytes_to_host - before.bytes_to_host,
                 bytes_to_device: moved.bytes_to_device - before.bytes_to_device,
             };
@@ -446,6 +452,7 @@ impl<'a, B: DistributedAutodiff> Trainer<'a, B> {
                 final_val_loss: val_loss.or(outcome.final_val_loss),
                 floor,
             };
+            let began = std::time::Instant::now();
             // A collective on every rank alike: the saver is pending on all or on none.
             self.poll_saver()?;
             if let Some(every) = args.checkpoint_every
@@ -453,6 +460,7 @@ impl<'a, B: DistributedAutodiff> Trainer<'a, B> {
             {
                 self.save(done)?;
             }
+            self.checkpoint_s += began.elapsed().as_secs_f64();
             let pauses_here = args.pause_after_step == Some(done)
                 && args.pause_rank.is_none_or(|rank| rank == self.rank());
             if pauses_here && self.restart == 0 {
