@@ -8,6 +8,7 @@
 #     bash target-gpu/run.sh core device    # NCCL, kernels, fused step, DDP step; the device path
 #     bash target-gpu/run.sh gpt            # every GPT-2 variant of ours beside PyTorch's
 #     bash target-gpu/run.sh offload        # GPT-2 bf16 at ZeRO-3, state on the GPU, then offloaded
+#     bash target-gpu/run.sh offload-6b     # a 6 B GPT: refused on the GPU for memory, trained offloaded
 #     bash target-gpu/run.sh ddp-timed ranks   # any checks by name, in the order given
 #     bash target-gpu/run.sh libraries      # only the library look-up and the version check
 #     bash target-gpu/run.sh sanitize       # the kernels check under compute-sanitizer, if present
@@ -66,6 +67,8 @@ gpt-cube-bf16   300 60 kernel gpt --stack cube --precision bf16
 gpt-profile     150 60 kernel gpt-profile --stack fusion --precision bf16
 gpt-zero3-bf16  300 60 kernel gpt --stack fusion --precision bf16 --zero-stage 3
 gpt-offload-bf16 300 60 kernel gpt --stack fusion --precision bf16 --zero-stage 3 --place offload
+gpt-6b-device   120 30 kernel gpt --stack fusion --precision bf16 --zero-stage 3 --model gpt-6b --expect device-memory-error
+gpt-6b-offload  400 120 kernel gpt --stack fusion --precision bf16 --zero-stage 3 --place offload --model gpt-6b
 torch-adamw      20 10 torch  fused_adamw_torch.py --elements ELEMENTS
 torch-gpt        60 20 torch  gpt2_torch.py
 torch-profile    60 20 torch  gpt2_torch.py --profile
@@ -81,6 +84,7 @@ suite() { # name: its checks, or nothing when NAME is no suite
         both) echo "nccl-w1 kernels fused-step ddp-step torch-adamw device-path" ;;
         gpt) echo "torch-gpt gpt-fusion-f32 gpt-fusion-bf16 gpt-cube-f32 gpt-cube-bf16" ;;
         offload) echo "gpt-zero3-bf16 gpt-offload-bf16" ;;
+        offload-6b) echo "gpt-6b-device gpt-6b-offload" ;;
         libraries) echo "-" ;;
         sanitize) echo "sanitize" ;;
     esac
@@ -89,7 +93,7 @@ spec() { # name: its line of CHECKS, or nothing
     echo "$CHECKS" | awk -v n="$1" '$1 == n'
 }
 usage() {
-    echo "usage: run.sh [SUITE | CHECK]...   suites: e2e (default), core, device, both, gpt, offload, libraries, sanitize; checks: $(echo "$CHECKS" | awk 'NF {printf "%s ", $1}')" >&2
+    echo "usage: run.sh [SUITE | CHECK]...   suites: e2e (default), core, device, both, gpt, offload, offload-6b, libraries, sanitize; checks: $(echo "$CHECKS" | awk 'NF {printf "%s ", $1}')" >&2
     exit 2
 }
 PLAN=""

@@ -18,6 +18,7 @@
 mod collectives;
 mod copy;
 mod error;
+mod memory;
 #[cfg(feature = "cuda")]
 mod nccl;
 mod slice;
@@ -27,6 +28,7 @@ mod traffic;
 pub use collectives::{DeviceCollectives, DevicePending};
 pub use copy::{PendingDownload, copy, create_staged, download, download_async, upload_into};
 pub use error::{DeviceError, Result};
+pub use memory::{DeviceMemory, device_memory};
 #[cfg(feature = "cuda")]
 pub use nccl::{NcclCollectives, device_address};
 pub use slice::{DeviceDType, DeviceSlice};

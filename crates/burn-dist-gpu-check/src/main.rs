@@ -4,6 +4,7 @@
 //! burn-dist-gpu-check <check> [--out FILE] [--device N] [--elements N] [--cache DIR]
 //!                             [--seconds S] [--stack fusion|cube] [--precision f32|bf16]
 //!                             [--zero-stage 1|2|3] [--place device|offload]
+//!                             [--model gpt2-124m|gpt-6b] [--expect train|device-memory-error]
 //!   nccl-w1     NcclCommunicator at world size 1 through a loopback TCP store: every
 //!               collective x dtype (f32, f16, bf16, u8) against the host reference
 //!   kernels     burn-dist-kernels' kernel checks on cubecl's CUDA runtime, bf16 included
@@ -59,7 +60,8 @@ const USAGE: &str = "\
 usage: burn-dist-gpu-check <nccl-w1 | kernels | fused-step | ddp-step | ddp-timed | device-path | ranks | gpt | gpt-profile | versions>
            [--out FILE] [--device N] [--elements N] [--cache DIR] [--seconds S]
            [--stack fusion|cube] [--precision f32|bf16] [--zero-stage 1|2|3]
-           [--place device|offload]
+           [--place device|offload] [--model gpt2-124m|gpt-6b]
+           [--expect train|device-memory-error]
 
   nccl-w1     NCCL communicator at world size 1 (loopback store), every collective x dtype
   kernels     the fused-kernel checks on the CUDA runtime, bf16 included
@@ -74,7 +76,9 @@ usage: burn-dist-gpu-check <nccl-w1 | kernels | fused-step | ddp-step | ddp-time
   gpt         GPT-2 124M steps with our stack (--stack fusion|cube, --precision f32|bf16):
               first-step phases, tokens/s, MFU, one step split; plans within --seconds;
               bf16: ZeroAdam at --zero-stage N, --place device (its state in device
-              memory) or offload (in host memory), device memory against the formula
+              memory) or offload (in host memory), device memory against the formula;
+              --model gpt-6b: a 6.25 B GPT, batch 1; --expect device-memory-error: passes
+              when on_device refuses the shape for device memory, naming offload
   gpt-profile the same with cubecl's kernel profiling: which kernels take the time
   versions    prints nvrtc=X.Y driver=X.Y as this binary loads them (none, stub)
 
@@ -105,6 +109,11 @@ pub struct Options {
     pub precision: String,
     pub zero_stage: usize,
     pub place: String,
+    /// `--model gpt2-124m | gpt-6b` of the gpt checks.
+    pub model: String,
+    /// `--expect train | device-memory-error`: whether the gpt check must train, or be refused
+    /// by `ZeroAdam::on_device` for device memory (a shape that fits only offloaded).
+    pub expect: String,
 }
 
 fn parse(args: &[String]) -> Result<(String, Options), String> {
@@ -119,6 +128,8 @@ fn parse(args: &[String]) -> Result<(String, Options), String> {
         precision: "f32".into(),
         zero_stage: 1,
         place: "device".into(),
+        model: "gpt2-124m".into(),
+        expect: "train".into(),
     };
     let mut rest = args[1..].iter();
     while let Some(flag) = rest.next() {
@@ -138,6 +149,8 @@ fn parse(args: &[String]) -> Result<(String, Options), String> {
             "--precision" => options.precision = value.clone(),
             "--zero-stage" => options.zero_stage = number()?,
             "--place" => options.place = value.clone(),
+            "--model" => options.model = value.clone(),
+            "--expect" => options.expect = value.clone(),
             other => return Err(format!("unknown option {other:?}")),
         }
     }

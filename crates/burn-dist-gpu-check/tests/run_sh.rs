@@ -486,10 +486,20 @@ fn each_suite_runs_its_checks_in_order_within_one_deadline() {
         "{}",
         offload.calls
     );
+    let six_b = machine.run("offload-6b", &[]);
+    assert_eq!(names(&six_b), ["gpt-6b-device", "gpt-6b-offload"]);
+    assert!(
+        six_b.call("gpt-6b-device").contains(
+            "ARGS=[gpt --stack fusion --precision bf16 --zero-stage 3 --model gpt-6b --expect \
+             device-memory-error --out "
+        ),
+        "{}",
+        six_b.calls
+    );
     // Suites and checks named together run in the order given, into one folder.
     let mixed = machine.run_suites(&["device", "ranks", "torch-gpt"], &[]);
     assert_eq!(names(&mixed), ["device-path", "ranks", "torch-gpt"]);
-    for run in [&first, &core, &gpt, &offload, &mixed] {
+    for run in [&first, &core, &gpt, &offload, &six_b, &mixed] {
         // Each check under the smaller of its cap and what the deadline leaves: with a second
         // per check, no limit passes what is left, and every check's limit is at least 1.
         for (elapsed, (name, limit)) in run.limits().into_iter().enumerate() {

@@ -86,6 +86,25 @@ pub enum ZeroError {
          (`Ddp::init_staged::<B>` or `Ddp::init_nccl::<B>` with B = {backend})"
     )]
     NotOnDevicePath { backend: &'static str },
+    /// `ZeroAdam::on_device`: the state does not fit in what the device has left (known on
+    /// CUDA; `burn_dist_device::device_memory`).
+    #[error(
+        "rank {rank}: ZeroAdam's state in device memory needs {} (f32 master weights, moments \
+         and gradient shard: 16 bytes per element of this rank's shard of {shard_len}, plus \
+         the model-dtype copy), but only {} of the device's {} are available: keep the state \
+         in host memory with `ZeroAdam::offloaded` (gpt-pretrain --offload), or shard it over \
+         more ranks",
+        gib(*needed),
+        gib(*available),
+        gib(*total)
+    )]
+    DeviceMemory {
+        rank: usize,
+        shard_len: usize,
+        needed: u64,
+        available: u64,
+        total: u64,
+    },
     /// The device step writes one dtype for the whole model.
     #[error(
         "the device step writes one dtype for the whole model, but {first} is {first_dtype} and \
@@ -157,3 +176,8 @@ pub enum ZeroError {
 }
 
 pub type Result<T, E = ZeroError> = std::result::Result<T, E>;
+
+/// `bytes` in GiB, for messages.
+fn gib(bytes: u64) -> String {
+    format!("{:.2} GiB", bytes as f64 / (1u64 << 30) as f64)
+}

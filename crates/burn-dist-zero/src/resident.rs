@@ -200,6 +200,12 @@ impl<B: CubeResident> Resident<B> {
             (Some(_), ModelDtype::F32) => ModelDtype::None,
             (_, dtype) => dtype,
         };
+        fits_on_device(
+            burn_dist_device::device_memory::<B::Runtime>(&client, &device),
+            collectives.rank(),
+            layout.shard_len,
+            model_dtype,
+        )?;
         let zeros = vec![0.0; m.len()];
         let master = if master.is_empty() { &zeros } else { master };
         let mut buffers = fused.upload(master, m, v, steps_taken, &zeros, 1.0, model_dtype);
@@ -383,6 +389,36 @@ impl<B: CubeResident> ResidentState for Resident<B> {
 
 /// The device type and the fused kernels' model-copy type of parameters of `dtype`, checked
 /// against what `fused`'s runtime can hold (f16 on WGSL needs `shader-f16`; WGSL has no bf16).
+/// Whether the state that [`Resident::new`] uploads (master weights, moments and gradient
+/// shard in f32, and the model-dtype copy: all of them at once while it uploads) fits in what
+/// the device has left, when the runtime says (`memory`; `None`: not known, not checked).
+fn fits_on_device(
+    memory: Option<burn_dist_device::DeviceMemory>,
+    rank: usize,
+    shard_len: usize,
+    model_dtype: ModelDtype,
+) -> Result<()> {
+    let Some(memory) = memory else {
+        return Ok(());
+    };
+    let copy = match model_dtype {
+        ModelDtype::None => 0,
+        ModelDtype::F32 => 4,
+        ModelDtype::F16 | ModelDtype::Bf16 => 2,
+    };
+    let needed = (16 + copy) * shard_len as u64;
+    if needed > memory.available {
+        return Err(ZeroError::DeviceMemory {
+            rank,
+            shard_len,
+            needed,
+            available: memory.available,
+            total: memory.total,
+        });
+    }
+    Ok(())
+}
+
 pub(crate) fn model_dtypes<B: CubeResident>(
     fused: &FusedAdam<B::Runtime>,
     dtype: DType,
@@ -523,5 +559,42 @@ impl<B: burn::tensor::backend::AutodiffBackend> burn::module::ModuleVisitor<B>
                 return;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn_dist_device::DeviceMemory;
+
+    #[test]
+    fn a_state_larger_than_what_the_device_has_left_is_refused_naming_the_way_out() {
+        const GIB: u64 = 1 << 30;
+        // A 6 B-parameter bf16 model on one rank: 18 bytes per element against 78 GiB.
+        let shard_len = 6_000_000_000;
+        let h100 = DeviceMemory {
+            available: 66 * GIB,
+            total: 80 * GIB,
+        };
+        let error = fits_on_device(Some(h100), 0, shard_len, ModelDtype::Bf16).unwrap_err();
+        let message = error.to_string();
+        for needle in [
+            "rank 0: ZeroAdam's state in device memory needs 100.58 GiB",
+            "only 66.00 GiB of the device's 80.00 GiB are available",
+            "ZeroAdam::offloaded",
+        ] {
+            assert!(message.contains(needle), "`{message}` lacks `{needle}`");
+        }
+        // On 8 ranks it fits; the f32 stage-3 state, whose pieces are the master weights,
+        // counts no copy.
+        fits_on_device(Some(h100), 3, shard_len / 8, ModelDtype::Bf16).unwrap();
+        let tight = DeviceMemory {
+            available: 16 * 1000,
+            total: GIB,
+        };
+        fits_on_device(Some(tight), 0, 1000, ModelDtype::None).unwrap();
+        assert!(fits_on_device(Some(tight), 0, 1000, ModelDtype::F32).is_err());
+        // Not known (wgpu): not checked.
+        fits_on_device(None, 0, shard_len, ModelDtype::Bf16).unwrap();
     }
 }
