@@ -3,7 +3,9 @@
 //! every epoch), gradients averaged during `backward()`, Burn's Adam or burn-dist-zero's
 //! `ZeroAdam` (stages 1 to 3; at stage 3 on `DistributedBackend<Flex, Sharded>`) through Burn's
 //! `Optimizer` trait; metrics, logs and checkpoints on rank 0 only, and a resume from any
-//! epoch's checkpoint at any world size.
+//! epoch's checkpoint at any world size. With `--backend wgpu` (feature `wgpu`) the same on
+//! Burn's `Wgpu` with the device path, ZeroAdam's state in device memory or, with
+//! `--offload`, in host memory (`ZeroAdam::offloaded`).
 //!
 //! The binary (`src/main.rs`) runs [`learner::fit`]; [`reference::custom_loop`] trains the same
 //! model on the same data with a plain loop in one process, which the launched test compares

@@ -6,6 +6,9 @@
 //!     target/release/learner-ddp --artifact-dir /tmp/learner-ddp
 //! ```
 //!
+//! `--backend wgpu --optimizer zero2 --offload` (built with `--features wgpu`) trains the same
+//! on Burn's `Wgpu`, ZeroAdam's state in host memory.
+//!
 //! Rank 0 writes metrics, `experiment.log` and checkpoints into `--artifact-dir`; the other
 //! ranks are given `<artifact-dir>/rank-<r>` as their Learner directory and write nothing at
 //! all, so a stray write would show up there instead of clobbering rank 0's files.
