@@ -9,14 +9,9 @@
 //! save after the last step is outside both (the record comes first), so a run of S steps
 //! saving every K counts the saves after steps K, 2K, … below S.
 
-use std::process::Command;
-
 use crate::gpt::{build_release, number_after};
+use crate::zero3_bench::{BATCH, CONTEXT, WORLD, gpt2_124m_on_4_ranks};
 use crate::{run, target_dir};
-
-const WORLD: usize = 4;
-const BATCH: usize = 4;
-const CONTEXT: usize = 64;
 
 const USAGE: &str =
     "usage: cargo xtask bench-checkpoint [--steps N] [--every K] [--rounds R] [--zero-stage S]
@@ -97,26 +92,10 @@ fn gpt(
         .join("bench-checkpoint")
         .join(format!("config-{c}"));
     let _ = std::fs::remove_dir_all(&dir);
-    let mut command = Command::new(bin.join("burn-dist-run"));
+    let mut command = gpt2_124m_on_4_ranks(bin, steps, &dir);
     command
-        .args([
-            "--nproc-per-node",
-            &WORLD.to_string(),
-            "--master-port",
-            "0",
-            "--",
-        ])
-        .arg(bin.join("gpt-pretrain"))
-        .args(["--model", "gpt2-124m", "--synthetic-vocab", "50304"])
-        .args(["--context", &CONTEXT.to_string()])
-        .args(["--global-batch", &BATCH.to_string()])
-        .args(["--steps", &steps.to_string(), "--warmup", "1"])
-        .args(["--eval-every", "0", "--eval-sequences", &BATCH.to_string()])
-        .args(["--log-every", "1", "--no-plot"])
         .args(["--zero-stage", &stage.to_string()])
-        .args(CONFIGS[c].1)
-        .arg("--run-dir")
-        .arg(&dir);
+        .args(CONFIGS[c].1);
     if c > 0 {
         command.args(["--checkpoint-every", &every.to_string()]);
     }

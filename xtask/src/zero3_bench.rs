@@ -16,10 +16,10 @@ use crate::gpt::{build_release, list_after, number_after};
 use crate::host_step::torch_python;
 use crate::{run, target_dir, workspace_root};
 
-const WORLD: usize = 4;
+pub(crate) const WORLD: usize = 4;
 /// Sequences of the global batch (one per rank) and tokens per sequence.
-const BATCH: usize = 4;
-const CONTEXT: usize = 64;
+pub(crate) const BATCH: usize = 4;
+pub(crate) const CONTEXT: usize = 64;
 
 /// One configuration's figures.
 struct Figures {
@@ -217,8 +217,23 @@ fn ours(
         .join("bench-zero3")
         .join(name.replace([' ', ','], "-"));
     let _ = std::fs::remove_dir_all(&dir);
-    run(Command::new(bin.join("burn-dist-run"))
+    run(gpt2_124m_on_4_ranks(bin, steps, &dir)
         .envs(env.iter().copied())
+        .args(flags))?;
+    read_metrics(name, &dir.join("metrics.jsonl"), steps)
+}
+
+/// `burn-dist-run` starting gpt-pretrain on `WORLD` ranks at the GPT-2 124M shape (context
+/// `CONTEXT`, global batch `BATCH`) for `steps` steps, one line of metrics per step, no
+/// evaluation before the end, no plot, its run directory `dir`; the caller adds its flags. The
+/// benchmarks of this shape (this one, `checkpoint_bench`) share it.
+pub(crate) fn gpt2_124m_on_4_ranks(
+    bin: &std::path::Path,
+    steps: usize,
+    dir: &std::path::Path,
+) -> Command {
+    let mut command = Command::new(bin.join("burn-dist-run"));
+    command
         .args([
             "--nproc-per-node",
             &WORLD.to_string(),
@@ -228,31 +243,14 @@ fn ours(
         ])
         .arg(bin.join("gpt-pretrain"))
         .args(["--model", "gpt2-124m", "--synthetic-vocab", "50304"])
-        .args([
-            "--context",
-            &CONTEXT.to_string(),
-            "--global-batch",
-            &BATCH.to_string(),
-        ])
-        .args([
-            "--steps",
-            &steps.to_string(),
-            "--warmup",
-            "1",
-            "--eval-every",
-            "0",
-        ])
-        .args([
-            "--eval-sequences",
-            &BATCH.to_string(),
-            "--log-every",
-            "1",
-            "--no-plot",
-        ])
-        .args(flags)
+        .args(["--context", &CONTEXT.to_string()])
+        .args(["--global-batch", &BATCH.to_string()])
+        .args(["--steps", &steps.to_string(), "--warmup", "1"])
+        .args(["--eval-every", "0", "--eval-sequences", &BATCH.to_string()])
+        .args(["--log-every", "1", "--no-plot"])
         .arg("--run-dir")
-        .arg(&dir))?;
-    read_metrics(name, &dir.join("metrics.jsonl"), steps)
+        .arg(dir);
+    command
 }
 
 /// A gpt-pretrain run's figures from its metrics.
