@@ -107,7 +107,7 @@ impl AsyncSaver {
         let (writer, bytes) = match snapshot {
             Ok(mut snapshot) => {
                 let bytes = snapshot.bytes();
-                let faults = Faults::injected(step, rank);
+                let faults = Faults::injected(&snapshot, rank);
                 let into = dir.clone();
                 let thread = std::thread::Builder::new()
                     .name(format!("burn-dist checkpoint writer (rank {rank})"))

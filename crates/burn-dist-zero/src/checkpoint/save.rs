@@ -111,7 +111,7 @@ fn save_parts<B: Backend, M: Module<B>>(
         let snapshot = Snapshot::take(&dir, ddp, optimizer, state);
         prepare_stage(root, &dir, ddp, state.step)?;
         let written = snapshot.and_then(|mut snapshot| {
-            let faults = Faults::injected(state.step, ddp.rank());
+            let faults = Faults::injected(&snapshot, ddp.rank());
             // The model is encoded once the shard is written and let go, so that rank 0
             // holds one of the two at a time.
             let model_file = || model_file::<B, M>(&dir, model, state.step, &sharded_ids(ddp));
@@ -215,17 +215,17 @@ struct OptimizerFile {
 /// The injected disk errors (tests) of one rank's writes, resolved where the save was called:
 /// the thread-local injection of thread ranks does not reach a background writer.
 pub(super) struct Faults {
-    shard: Option<std::io::Error>,
+    /// This rank's optimizer file's (its shard's or the record's).
     optimizer: Option<std::io::Error>,
     model: Option<std::io::Error>,
 }
 
 impl Faults {
-    pub(super) fn injected(step: u64, rank: usize) -> Faults {
-        let fault = |file| fault_points::injected_error(file, rank, step);
+    /// The faults injected for `rank`'s writes of `snapshot`.
+    pub(super) fn injected(snapshot: &Snapshot, rank: usize) -> Faults {
+        let fault = |file| fault_points::injected_error(file, rank, snapshot.step);
         Faults {
-            shard: fault("shard"),
-            optimizer: fault("optimizer"),
+            optimizer: snapshot.optimizer.as_ref().and_then(|f| fault(f.fault)),
             model: fault("model"),
         }
     }
@@ -339,11 +339,7 @@ impl Snapshot {
         if let Some(file) = &mut self.optimizer
             && let Some(bytes) = file.bytes.take()
         {
-            let fault = match file.fault {
-                "shard" => faults.shard,
-                _ => faults.optimizer,
-            };
-            files::write_atomic_or_fail(dir, &file.name, &bytes, fault)?;
+            files::write_atomic_or_fail(dir, &file.name, &bytes, faults.optimizer)?;
         }
         fault_points::pause_point("after-shard", rank, self.step);
         if rank != 0 {
